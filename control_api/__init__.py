@@ -1,0 +1,1 @@
+"""Control service: catalog, slots and the mailbox writer, over FastAPI."""

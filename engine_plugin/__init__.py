@@ -1,0 +1,1 @@
+"""vLLM engine plugin: graph-fused per-request steering."""
