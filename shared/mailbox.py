@@ -318,3 +318,22 @@ class ControlMailbox(_Mapped):
 
     def in_sync(self) -> bool:
         return int(self.header["applied_gen"]) >= int(self.header["target_gen"])
+
+
+class MailboxView(_Mapped):
+    """Read-only access, for processes that only look (the engine core's prefix-cache salt)."""
+
+    @classmethod
+    def open(cls, path: str) -> "MailboxView":
+        view = cls(path, _map(path, writable=False))
+        view.inode = os.stat(path).st_ino
+        return view
+
+    def generations(self) -> dict[str, int]:
+        """``{vector id: generation}`` of every ACTIVE slot."""
+        d = self.directory.copy()
+        live = d[d["state"] == ACTIVE]
+        out: dict[str, int] = {}
+        for vid, gen in zip(live["vector_id"].tolist(), live["gen"].tolist()):
+            out[vid.decode()] = max(int(gen), out.get(vid.decode(), 0))
+        return out

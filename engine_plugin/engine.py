@@ -1,0 +1,165 @@
+"""One model runner's steering state: tables, registry, router and mailbox, glued to vLLM's steps.
+
+vLLM calls (through :mod:`.hooks`):
+  * ``Steerer.attach(runner)`` right after ``load_model`` — before profiling, compile and capture;
+  * ``on_schedule(scheduler_output)`` at the top of ``execute_model`` — mailbox, arrivals, finishes;
+  * ``on_batch(req_ids, num_tokens)`` after the runner has settled the step's batch.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+import numpy as np
+import torch
+
+from hotwire.shared.mailbox import ANY_LAYER, EngineMailbox, Fingerprint
+
+from . import startup
+from .config import HotwireConfig
+from .counters import Counters
+from .registry import Registry
+from .routing import Router
+from .steering import SteeringTables, arm, decoder_layers
+from .sync import MailboxSync, write_rows
+
+log = logging.getLogger("vllm.hotwire")
+
+
+def _dtype_name(dtype: torch.dtype) -> str:
+    return str(dtype).removeprefix("torch.")
+
+
+def _rank_info(vllm_config: Any) -> tuple[bool, int]:
+    """(this process leads its engine, data-parallel rank) — feature-detected, never version-checked."""
+    par = vllm_config.parallel_config
+    leader = True
+    try:
+        from vllm.distributed import parallel_state as ps
+
+        if ps.model_parallel_is_initialized():
+            leader = ps.get_tp_group().rank_in_group == 0 and ps.get_pp_group().rank_in_group == 0
+    except (ImportError, AttributeError, AssertionError):
+        pass
+    dp_rank = getattr(par, "data_parallel_rank", 0) if getattr(par, "data_parallel_size", 1) > 1 else 0
+    return leader, dp_rank
+
+
+class Steerer:
+    def __init__(self, cfg: HotwireConfig, router: Router, registry: Registry, counters: Counters,
+                 tables: SteeringTables, sync: MailboxSync | None):
+        self.cfg, self.router, self.registry, self.counters = cfg, router, registry, counters
+        self.tables, self.sync = tables, sync
+
+    # -- construction ---------------------------------------------------------------------------
+    @classmethod
+    def attach(cls, runner: Any) -> "Steerer | None":
+        cfg = HotwireConfig.from_env()
+        vllm_config = runner.vllm_config
+        text = vllm_config.model_config.hf_text_config
+        n_layers, hidden = int(text.num_hidden_layers), int(text.hidden_size)
+        dtype = vllm_config.model_config.dtype
+        model = runner.get_model() if hasattr(runner, "get_model") else runner.model
+        found = decoder_layers(model)
+        armed = [i for i in cfg.armed_layers(n_layers) if i in found]
+        if not armed:
+            log.warning("hotwire: found no decoder layers to arm in %s (HOTWIRE_LAYERS=%s); "
+                        "serving without steering", type(model).__name__, cfg.layers)
+            return None
+        requests = 2 * int(vllm_config.scheduler_config.max_num_seqs)
+        max_tokens = int(getattr(runner, "max_num_tokens", vllm_config.scheduler_config.max_num_batched_tokens))
+        tables = SteeringTables(slots=cfg.slots, hidden=hidden, armed=len(armed), requests=requests,
+                                entries=cfg.entries, max_tokens=max_tokens, dtype=dtype,
+                                device=torch.device(runner.device))
+        armed_model = arm(found, armed, tables)
+        counters, registry = Counters(), Registry(cfg.slots)
+        router = Router(armed_model, registry, requests, counters)
+        fp = Fingerprint(str(vllm_config.model_config.model), n_layers, hidden, _dtype_name(dtype))
+        loaded = cls._load_startup(cfg, fp, armed, tables.bank, registry)
+        sync = cls._open_mailbox(cfg, vllm_config, fp, armed, loaded, tables.bank, registry, counters)
+        log.info("hotwire: armed %d/%d decoder layers of %s %s; tables %.1f MiB on %s "
+                 "(%d slots, %d request rows, %d entries/layer); %d startup rows; mailbox %s",
+                 len(armed), n_layers, type(model).__name__, armed, tables.nbytes / 2**20, runner.device,
+                 cfg.slots, requests, cfg.entries, len(loaded), sync.box.path if sync else "off")
+        return cls(cfg, router, registry, counters, tables, sync)
+
+    @staticmethod
+    def _load_startup(cfg: HotwireConfig, fp: Fingerprint, armed: list[int], bank: torch.Tensor,
+                      registry: Registry) -> list[tuple[int, str, int, np.ndarray]]:
+        """Load ``HOTWIRE_VECTORS`` into the first slots: ``[(slot, id, layer, row)]``."""
+        if not cfg.vectors_dir:
+            return []
+        rows: list[tuple[int, str, int, np.ndarray]] = []
+        for vector_id, vec in startup.load_dir(cfg.vectors_dir, fp.shape):
+            wanted = [(ANY_LAYER, vec[0])] if len(vec) == 1 else [(i, vec[i]) for i in armed]
+            if len(rows) + len(wanted) > cfg.slots:
+                log.error("hotwire: no room for startup vector %r (%d slots)", vector_id, cfg.slots)
+                continue
+            rows += [(len(rows) + j, vector_id, layer, row) for j, (layer, row) in enumerate(wanted)]
+        if rows:
+            with torch.inference_mode():
+                write_rows(bank, [r[0] for r in rows], np.stack([r[3] for r in rows]))
+            for slot, vector_id, layer, _ in rows:
+                registry.bind(slot, vector_id, layer, gen=1)
+            log.info("hotwire: startup vectors %s", sorted({r[1] for r in rows}))
+        return rows
+
+    @staticmethod
+    def _open_mailbox(cfg, vllm_config, fp, armed, loaded, bank, registry, counters) -> MailboxSync | None:
+        if not cfg.mailbox:
+            return None
+        leader, dp_rank = _rank_info(vllm_config)
+        if not leader:
+            log.warning("hotwire: tensor/pipeline-parallel rank > 0: the mailbox is served by rank 0 "
+                        "only; this rank steers with startup vectors (HOTWIRE_VECTORS) alone")
+            return None
+        path = cfg.mailbox if dp_rank == 0 else f"{cfg.mailbox}.dp{dp_rank}"
+        try:
+            box = EngineMailbox.create(path, fp, cfg.slots)
+        except OSError as e:
+            log.error("hotwire: cannot create mailbox %s (%s); runtime registration is off", path, e)
+            return None
+        box.set_armed(armed)
+        for slot, vector_id, layer, row in loaded:
+            box.publish_startup(slot, vector_id, layer, row)
+        counters.mailbox = box
+        sync = MailboxSync(box, bank, registry, counters)
+        sync.start()
+        return sync
+
+    # -- per step -------------------------------------------------------------------------------
+    def on_schedule(self, scheduler_output: Any) -> None:
+        """Mailbox changes, then finished and new requests (vLLM has not touched its batch yet)."""
+        new = scheduler_output.scheduled_new_reqs
+        finished = scheduler_output.finished_req_ids
+        if self.sync is None:
+            self._admit(new, finished)
+            return
+        with self.sync.lock:
+            self.sync.apply()
+            if self._admit(new, finished):
+                self.sync.publish_refs()
+        if scheduler_output.total_num_scheduled_tokens and not self.sync.serving.is_set():
+            self.sync.serving.set()
+
+    def _admit(self, new: list, finished: set) -> bool:
+        if not (new or finished):
+            return False
+        self.router.finish(finished)
+        for req in new:
+            sp = req.sampling_params
+            prompt_len = len(req.prompt_token_ids) if req.prompt_token_ids is not None else 0
+            self.router.admit(req.req_id, sp.extra_args if sp is not None else None, prompt_len)
+        with torch.inference_mode():
+            self.router.commit()
+        return True
+
+    def on_batch(self, req_ids: list[str], num_tokens: np.ndarray) -> None:
+        with torch.inference_mode():
+            self.router.route(req_ids, num_tokens)
+
+    def close(self) -> None:
+        if self.sync is not None:
+            self.sync.stop()
+

@@ -1,0 +1,154 @@
+"""Where hotwire meets vLLM: method wrappers on the model runners, applied at module import.
+
+vLLM calls ``register()`` in every process, but only once per process tree when
+``VLLM_ENABLE_V1_MULTIPROCESSING=0``, possibly before the runner modules are imported. So the
+patches are applied by a post-import hook the moment a target module is imported (or at once,
+if it already is). Targets are found by capability — a class with the method — never by
+vLLM version string.
+"""
+
+from __future__ import annotations
+
+import functools
+import importlib.abc
+import importlib.util
+import logging
+import sys
+from collections.abc import Callable
+from types import ModuleType
+from typing import Any
+
+import numpy as np
+
+from . import salts
+from .engine import Steerer
+
+log = logging.getLogger("vllm.hotwire")
+
+
+def _steerer(runner: Any) -> Steerer | None:
+    return runner.__dict__.get("_hotwire")
+
+
+def _after_load(runner: Any, result: Any, args: tuple, kwargs: dict) -> None:
+    if "_hotwire" not in runner.__dict__:
+        runner._hotwire = Steerer.attach(runner)
+
+
+def _before_execute(runner: Any, args: tuple, kwargs: dict) -> None:
+    st = _steerer(runner)
+    if st is not None:
+        st.on_schedule(args[0] if args else kwargs["scheduler_output"])
+
+
+def _after_v1_prepare(runner: Any, result: Any, args: tuple, kwargs: dict) -> None:
+    """V1 runner (GPU and CPU): the batch order is ``input_batch.req_ids``, token counts
+    come from the ``query_start_loc`` the runner just filled."""
+    st = _steerer(runner)
+    if st is not None:
+        n = runner.input_batch.num_reqs
+        st.on_batch(runner.input_batch.req_ids[:n], np.diff(runner.query_start_loc.np[: n + 1]))
+
+
+def _after_v2_prepare(runner: Any, batch: Any, args: tuple, kwargs: dict) -> None:
+    """V2 runner: ``prepare_inputs`` returns the settled batch."""
+    st = _steerer(runner)
+    if st is not None:
+        st.on_batch(batch.req_ids, batch.num_scheduled_tokens)
+
+
+def _wrap(cls: type, name: str, *, before: Callable | None = None, after: Callable | None = None) -> bool:
+    """Wrap ``cls.name`` (defined on ``cls`` itself) once; False when the class has no such method."""
+    fn = cls.__dict__.get(name)
+    if fn is None or getattr(fn, "__hotwire__", False):
+        return fn is not None
+
+    @functools.wraps(fn)
+    def wrapper(self, *args, **kwargs):
+        if before is not None:
+            before(self, args, kwargs)
+        result = fn(self, *args, **kwargs)
+        if after is not None:
+            after(self, result, args, kwargs)
+        return result
+
+    wrapper.__hotwire__ = True
+    setattr(cls, name, wrapper)
+    return True
+
+
+def _patch_v1(module: ModuleType) -> None:
+    cls = module.GPUModelRunner
+    ok = (_wrap(cls, "load_model", after=_after_load)
+          & _wrap(cls, "execute_model", before=_before_execute)
+          & _wrap(cls, "_prepare_inputs", after=_after_v1_prepare))
+    if not ok:
+        log.error("hotwire: V1 GPUModelRunner lacks load_model/execute_model/_prepare_inputs; not armed")
+
+
+def _patch_v2(module: ModuleType) -> None:
+    cls = module.GPUModelRunner
+    ok = (_wrap(cls, "load_model", after=_after_load)
+          & _wrap(cls, "execute_model", before=_before_execute)
+          & _wrap(cls, "prepare_inputs", after=_after_v2_prepare))
+    if not ok:
+        log.error("hotwire: V2 GPUModelRunner lacks load_model/execute_model/prepare_inputs; not armed")
+
+
+def _patch_cpu(module: ModuleType) -> None:
+    # Inherits execute_model/_prepare_inputs from the V1 runner; overrides load_model.
+    _wrap(module.CPUModelRunner, "load_model", after=_after_load)
+
+
+TARGETS: dict[str, Callable[[ModuleType], None]] = {
+    "vllm.v1.worker.gpu_model_runner": _patch_v1,
+    "vllm.v1.worker.gpu.model_runner": _patch_v2,
+    "vllm.v1.worker.cpu_model_runner": _patch_cpu,
+    "vllm.v1.request": salts.patch_request,
+    "vllm.config.vllm": salts.patch_config_hash,
+}
+
+
+class _Loader(importlib.abc.Loader):
+    """Runs the real loader, then the patch for that module."""
+
+    def __init__(self, inner: importlib.abc.Loader, patch: Callable[[ModuleType], None]):
+        self._inner, self._patch = inner, patch
+
+    def create_module(self, spec):
+        return self._inner.create_module(spec)
+
+    def exec_module(self, module: ModuleType) -> None:
+        self._inner.exec_module(module)
+        self._patch(module)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._inner, name)
+
+
+class _PostImportFinder(importlib.abc.MetaPathFinder):
+    def __init__(self) -> None:
+        self._busy: set[str] = set()
+
+    def find_spec(self, name, path, target=None):
+        if name not in TARGETS or name in self._busy:
+            return None
+        self._busy.add(name)
+        try:
+            spec = importlib.util.find_spec(name)
+        finally:
+            self._busy.discard(name)
+        if spec is None or spec.loader is None:
+            return None
+        spec.loader = _Loader(spec.loader, TARGETS[name])
+        return spec
+
+
+def install() -> None:
+    """Patch the target modules already imported, and the rest as they are imported."""
+    if not any(isinstance(f, _PostImportFinder) for f in sys.meta_path):
+        sys.meta_path.insert(0, _PostImportFinder())
+    for name, patch in TARGETS.items():
+        module = sys.modules.get(name)
+        if module is not None:
+            patch(module)

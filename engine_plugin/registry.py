@@ -1,0 +1,51 @@
+"""Which vector (id, layer) lives in which bank slot, and who is using each slot.
+
+Slot ``s`` (0-based, as in the mailbox) is bank row ``s + 1``; row 0 is the null vector.
+Binding is newest-wins per ``(id, layer)`` so a replace can load new slots first and retire
+the old ones after; a ``(hidden,)`` vector binds under ``ANY_LAYER`` and serves every layer.
+"""
+
+from __future__ import annotations
+
+import time
+
+import numpy as np
+
+from hotwire.shared.mailbox import ANY_LAYER
+
+
+class Registry:
+    def __init__(self, n_slots: int):
+        self._where: dict[tuple[str, int], int] = {}
+        self._key: dict[int, tuple[str, int]] = {}
+        self.versions: dict[str, int] = {}  # vector id -> registration generation
+        self.inflight = np.zeros(n_slots, dtype=np.uint32)  # steered requests holding each slot
+        self.last_used_ns = np.zeros(n_slots, dtype=np.uint64)
+
+    def bind(self, slot: int, vector_id: str, layer: int, gen: int) -> None:
+        self.unbind(slot)
+        self._where[(vector_id, layer)] = slot
+        self._key[slot] = (vector_id, layer)
+        self.versions[vector_id] = max(gen, self.versions.get(vector_id, 0))
+
+    def unbind(self, slot: int) -> None:
+        key = self._key.pop(slot, None)
+        if key is not None and self._where.get(key) == slot:
+            del self._where[key]
+            if not any(k[0] == key[0] for k in self._where):
+                self.versions.pop(key[0], None)
+
+    def resolve(self, vector_id: str, layer: int) -> int | None:
+        slot = self._where.get((vector_id, layer))
+        return self._where.get((vector_id, ANY_LAYER)) if slot is None else slot
+
+    def hold(self, slots: np.ndarray) -> None:
+        np.add.at(self.inflight, slots, 1)
+        self.last_used_ns[slots] = time.time_ns()
+
+    def release(self, slots: np.ndarray) -> None:
+        np.subtract.at(self.inflight, slots, 1)
+        self.last_used_ns[slots] = time.time_ns()
+
+    def bound(self) -> dict[tuple[str, int], int]:
+        return dict(self._where)

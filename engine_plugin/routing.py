@@ -1,0 +1,124 @@
+"""Per-request routing rows and the per-step token -> request map.
+
+Per request, on arrival only: parse the spec, resolve each entry to a bank slot and write one
+request row ``[A, K]`` of the route/coef tables. Per step: one vectorised ``np.repeat`` of
+request rows over the step's token counts, copied to ``tok_row`` only when it changed (decode
+steps of a steady batch reuse it: positions, not the map, move the token windows).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import torch
+
+from hotwire.shared.spec import SpecError, SteerEntry, parse_spec, spec_from_extra_args
+
+from .counters import Counters
+from .registry import Registry
+from .steering import ArmedModel
+
+
+@dataclass
+class _Steered:
+    row: int
+    slots: np.ndarray  # distinct mailbox slots this request holds a reference on
+
+
+class Router:
+    def __init__(self, armed: ArmedModel, registry: Registry, requests: int, counters: Counters):
+        self.armed, self.registry, self.counters = armed, registry, counters
+        self.tables = armed.tables
+        self.entries = self.tables.route.shape[2]
+        self.active: dict[str, _Steered] = {}
+        self._free = list(range(requests, 0, -1))  # request row 0 is the null row
+        self._staged: list[tuple[int, np.ndarray, np.ndarray]] = []
+        self._tok = np.zeros(0, dtype=np.int32)  # tok_row content on the device, up to its length
+
+    # -- arrival / finish -------------------------------------------------------------------
+    def admit(self, req_id: str, extra_args: dict[str, Any] | None, prompt_len: int) -> None:
+        """Bind a new (or re-sent) request to a routing row, or count why it runs unsteered."""
+        self.finish((req_id,))
+        raw = spec_from_extra_args(extra_args)
+        if raw is None:
+            return
+        try:
+            entries = parse_spec(raw)
+            if not entries:
+                return
+            route, coef, slots = self._resolve(entries, prompt_len)
+            if not self._free:
+                raise SpecError("table_full", f"all {len(self.active)} request rows are in use")
+        except SpecError as e:
+            self.counters.unsteered(req_id, e.reason, e.detail)
+            return
+        row = self._free.pop()
+        self.active[req_id] = _Steered(row, slots)
+        self.registry.hold(slots)
+        self._staged.append((row, route, coef))
+        self.counters.add("steered_requests")
+
+    def finish(self, req_ids: Iterable[str]) -> None:
+        for req_id in req_ids:
+            st = self.active.pop(req_id, None)
+            if st is not None:
+                self.registry.release(st.slots)
+                self._free.append(st.row)
+
+    def _resolve(self, entries: tuple[SteerEntry, ...], prompt_len: int):
+        n_armed = len(self.armed.layers)
+        route = np.zeros((n_armed, self.entries, 3), dtype=np.int32)  # [A, K, (row, lo, hi)]
+        coef = np.zeros((n_armed, self.entries), dtype=np.float32)    # [A, K]
+        used = np.zeros(n_armed, dtype=np.int64)
+        slots = []
+        for e in entries:
+            i = self.armed.position(e.layer)
+            if i is None:
+                raise SpecError("unarmed_layer", f"layer {e.layer} is not armed "
+                                f"(armed: {list(self.armed.layers)})")
+            slot = self.registry.resolve(e.id, e.layer)
+            if slot is None:
+                raise SpecError("unknown_id", f"no vector {e.id!r} for layer {e.layer}")
+            k = used[i]
+            if k == self.entries:
+                raise SpecError("too_many_entries", f"more than {self.entries} entries on layer {e.layer}")
+            route[i, k] = (slot + 1, *e.span(prompt_len))
+            coef[i, k] = e.scale
+            used[i] += 1
+            slots.append(slot)
+        return route, coef, np.unique(np.asarray(slots, dtype=np.int64))
+
+    def commit(self) -> None:
+        """Write the rows of requests admitted since the last commit, in one copy per table."""
+        if not self._staged:
+            return
+        rows, route, coef = zip(*self._staged)
+        self._staged.clear()
+        dev = self.tables.route.device
+        idx = torch.tensor(rows, dtype=torch.long, device=dev)
+        self.tables.route[:, idx] = torch.from_numpy(np.stack(route, 1)).to(dev, non_blocking=True)
+        self.tables.coef[:, idx] = torch.from_numpy(np.stack(coef, 1)).to(dev, non_blocking=True)
+
+    # -- per step -----------------------------------------------------------------------------
+    def route(self, req_ids: Sequence[str], num_tokens: np.ndarray) -> None:
+        """Point each token of this step at its request's row (0 for unsteered requests).
+
+        Must run after vLLM has settled the batch for the step (order, adds, removals).
+        """
+        if self.active:
+            get = self.active.get
+            rows = np.fromiter(((s.row if (s := get(r)) else 0) for r in req_ids), np.int32, len(req_ids))
+            tok = np.repeat(rows, num_tokens) if rows.any() else self._tok[:0]
+        else:
+            tok = self._tok[:0]
+        if tok.shape == self._tok.shape and np.array_equal(tok, self._tok):
+            return
+        n = len(tok)
+        if n:
+            self.tables.tok_row[:n].copy_(torch.from_numpy(tok), non_blocking=True)
+        if len(self._tok) > n:
+            self.tables.tok_row[n:len(self._tok)].zero_()
+        self._tok = tok

@@ -1,0 +1,117 @@
+"""Cache keys that must know about hotwire.
+
+* Compile cache (invariant 4): vLLM keys compiled artifacts on ``VllmConfig.compute_hash()``.
+  A cache written without the plugin (or with other table shapes) would serve a graph without
+  the steering op, so the hash is salted with the plugin version and everything that shapes
+  the tables.
+* Prefix cache (invariant 5): block hashes ignore ``extra_args`` but include ``cache_salt``, so a
+  steered request's salt is extended with its canonical spec (and the generations of the
+  vectors it names, read from the mailbox), and KV blocks are never shared across configs.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import inspect
+import logging
+import os
+from importlib.metadata import PackageNotFoundError, version
+from types import ModuleType
+from typing import Any
+
+from hotwire.shared.mailbox import MailboxError, MailboxView
+from hotwire.shared.spec import SpecError, cache_salt, parse_spec, spec_from_extra_args
+
+from .config import HotwireConfig
+
+log = logging.getLogger("vllm.hotwire")
+
+
+def plugin_version() -> str:
+    try:
+        return version("hotwire")
+    except PackageNotFoundError:
+        return "dev"
+
+
+def compile_salt(vllm_config: Any) -> str:
+    cfg = HotwireConfig.from_env()
+    max_seqs = getattr(getattr(vllm_config, "scheduler_config", None), "max_num_seqs", None)
+    return (f"hotwire={plugin_version()};slots={cfg.slots};layers={cfg.layers};"
+            f"entries={cfg.entries};max_seqs={max_seqs}")
+
+
+def patch_config_hash(module: ModuleType) -> None:
+    cls = module.VllmConfig
+    orig = cls.compute_hash
+    if getattr(orig, "__hotwire__", False):
+        return
+
+    def compute_hash(self, *args, **kwargs):
+        h = orig(self, *args, **kwargs)
+        return hashlib.sha256(f"{h}|{compile_salt(self)}".encode()).hexdigest()[: len(h)]
+
+    compute_hash.__hotwire__ = True
+    compute_hash.__doc__ = orig.__doc__
+    cls.compute_hash = compute_hash
+
+
+class _Generations:
+    """Vector generations as published in the mailbox, re-read only when the table changed."""
+
+    def __init__(self) -> None:
+        self._view: MailboxView | None = None
+        self._seen = -1
+        self._gens: dict[str, int] = {}
+
+    def get(self) -> dict[str, int]:
+        path = HotwireConfig.from_env().mailbox
+        if not path:
+            return {}
+        try:
+            if self._view is None or os.stat(path).st_ino != self._view.inode:
+                self._view, self._seen = MailboxView.open(path), -1
+            target = int(self._view.header["target_gen"]) ^ self._view.epoch
+            if target != self._seen:
+                self._gens, self._seen = self._view.generations(), target
+        except (OSError, MailboxError):
+            self._view, self._gens = None, {}
+        return self._gens
+
+
+_generations = _Generations()
+
+
+def request_salt(sampling_params: Any) -> str | None:
+    """The prefix-cache salt a request's steering adds, or None when it is not steered."""
+    raw = spec_from_extra_args(getattr(sampling_params, "extra_args", None))
+    if raw is None:
+        return None
+    try:
+        entries = parse_spec(raw)
+    except SpecError:
+        return None  # runs unsteered: may share blocks with unsteered requests
+    return cache_salt(entries, _generations.get()) if entries else None
+
+
+def patch_request(module: ModuleType) -> None:
+    cls = module.Request
+    orig = cls.__init__
+    if getattr(orig, "__hotwire__", False):
+        return
+    sig = inspect.signature(orig)
+    if "cache_salt" not in sig.parameters or "sampling_params" not in sig.parameters:
+        log.error("hotwire: Request has no cache_salt/sampling_params; prefix caching is NOT "
+                  "isolated between steering configs — disable it (--no-enable-prefix-caching)")
+        return
+
+    def __init__(self, *args, **kwargs):
+        bound = sig.bind(self, *args, **kwargs)
+        salt = request_salt(bound.arguments.get("sampling_params"))
+        if salt is not None:
+            prior = bound.arguments.get("cache_salt")
+            bound.arguments["cache_salt"] = f"{prior}|{salt}" if prior else salt
+        orig(*bound.args, **bound.kwargs)
+
+    __init__.__hotwire__ = True
+    cls.__init__ = __init__

@@ -1,0 +1,119 @@
+"""The steering op and the persistent tables it reads, armed into the model's decoder layers.
+
+At the end of armed layer ``L`` every token ``t`` of request ``r`` gets
+
+    h_L[t] += sum_k  coef[L, r, k] * bank[slot[L, r, k]]     for k with lo <= pos[t] < hi
+
+on the residual stream. The op is plain tensor code inside the layer's forward, so
+torch.compile traces it and inductor fuses it into the neighbouring elementwise/norm kernel:
+no extra launches, no graph break. All state lives in buffers allocated once, before
+compile and CUDA-graph capture; steering on/off and vector changes are content updates
+between replays (invariant 4). Row 0 of the bank and of the request table is the null
+entry, so an unsteered token reads zeros and is returned untouched (``torch.where``), bit
+for bit (invariant 1).
+"""
+
+from __future__ import annotations
+
+import functools
+import re
+from dataclasses import dataclass
+
+import torch
+from torch import nn
+
+_LAYER_INDEX = re.compile(r"(?:^|\.)layers\.(\d+)$")
+
+
+class SteeringTables(nn.Module):
+    """GPU bank + per-request routing + per-token request map, at fixed addresses.
+
+    Shapes (S slots, H hidden, A armed layers, R request rows, K entries, N max tokens)::
+
+        bank    [S+1, H]      model dtype   row 0 = zeros
+        route   [A, R+1, K, 3] int32        (bank row, lo, hi) per entry; request row 0 = null
+        coef    [A, R+1, K]   float32       scale per entry
+        tok_row [N]           int32         request row of each token of the current step
+    """
+
+    def __init__(self, *, slots: int, hidden: int, armed: int, requests: int, entries: int,
+                 max_tokens: int, dtype: torch.dtype, device: torch.device):
+        super().__init__()
+        kw = dict(device=device)
+        self.register_buffer("bank", torch.zeros(slots + 1, hidden, dtype=dtype, **kw), persistent=False)
+        self.register_buffer("route", torch.zeros(armed, requests + 1, entries, 3, dtype=torch.int32, **kw),
+                             persistent=False)
+        self.register_buffer("coef", torch.zeros(armed, requests + 1, entries, dtype=torch.float32, **kw),
+                             persistent=False)
+        self.register_buffer("tok_row", torch.zeros(max_tokens, dtype=torch.int32, **kw), persistent=False)
+
+    @property
+    def nbytes(self) -> int:
+        return sum(b.numel() * b.element_size() for b in self.buffers())
+
+    def forward(self, x: torch.Tensor, positions: torch.Tensor, i: int) -> torch.Tensor:
+        # x: [T, H] residual stream after the layer; positions: [T] (or [3, T] for M-RoPE)
+        if positions.dim() == 2:
+            positions = positions[0]
+        n = x.shape[0]
+        row = self.tok_row[:n]                                      # [T]
+        route = self.route[i][row]                                  # [T, K, 3]
+        pos = positions[:n, None]                                   # [T, 1]
+        on = (pos >= route[..., 1]) & (pos < route[..., 2])         # [T, K]
+        w = torch.where(on, self.coef[i][row], 0.0)                 # [T, K]
+        v = self.bank[route[..., 0]].float()                        # [T, K, H]
+        delta = (w[..., None] * v).sum(1)                           # [T, H]
+        return torch.where(on.any(-1, keepdim=True), (x.float() + delta).to(x.dtype), x)
+
+
+@dataclass(frozen=True)
+class ArmedModel:
+    tables: SteeringTables
+    layers: tuple[int, ...]  # decoder-layer indices, in table order
+
+    def position(self, layer: int) -> int | None:
+        try:
+            return self.layers.index(layer)
+        except ValueError:
+            return None
+
+
+def decoder_layers(model: nn.Module) -> dict[int, nn.Module]:
+    """``{layer index: module}`` for every ``*DecoderLayer`` this rank holds."""
+    found: dict[int, nn.Module] = {}
+    for name, mod in model.named_modules():
+        m = _LAYER_INDEX.search(name)
+        if m and type(mod).__name__.endswith("DecoderLayer"):
+            found.setdefault(int(m.group(1)), mod)
+    return found
+
+
+@functools.cache
+def _steered_class(base: type) -> type:
+    """A subclass of ``base`` whose forward steers the residual stream it returns."""
+
+    def forward(self, *args, **kwargs):
+        out = base.forward(self, *args, **kwargs)
+        positions = kwargs["positions"] if "positions" in kwargs else args[0]
+        if isinstance(out, tuple) and len(out) == 2 and out[1] is not None:
+            hidden, residual = out  # vLLM's fused pair: the stream is hidden + residual
+            return hidden, self.hotwire(residual, positions, self.hotwire_index)
+        if isinstance(out, torch.Tensor):
+            return self.hotwire(out, positions, self.hotwire_index)
+        raise TypeError(f"{base.__name__} returns {type(out).__name__}; cannot steer it")
+
+    return type(f"Steered{base.__name__}", (base,), {"forward": forward, "__module__": __name__})
+
+
+def arm(found: dict[int, nn.Module], armed: list[int], tables: SteeringTables) -> ArmedModel:
+    """Wrap the chosen decoder layers (from :func:`decoder_layers`) in place.
+
+    Layer names and parameters are unchanged; the tables become a child of each armed layer,
+    so torch.compile sees them as module buffers (graph inputs at fixed addresses).
+    """
+    for pos, i in enumerate(armed):
+        layer = found[i]
+        layer.add_module("hotwire", tables)
+        layer.hotwire_index = pos
+        layer.__class__ = _steered_class(type(layer))
+    return ArmedModel(tables, tuple(armed))

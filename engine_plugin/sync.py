@@ -1,0 +1,86 @@
+"""Engine side of the mailbox: apply the control API's slot table and report back.
+
+The runner thread applies pending changes at every step boundary, before new requests are
+resolved, so a request sent after a registration returned sees the vector. A daemon thread
+keeps the heartbeat and applies changes while the engine is idle (after the first real step,
+never during CUDA-graph capture). Both take one lock. Bank rows are written on the current
+stream; a slot the control API rewrites is by protocol unreferenced (invariant 6), and the
+binding that makes it reachable is made only after its row copy is enqueued.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+
+import numpy as np
+import torch
+
+from hotwire.shared.mailbox import ACTIVE, EngineMailbox, MailboxError
+
+from .counters import Counters
+from .registry import Registry
+
+log = logging.getLogger("vllm.hotwire")
+
+HEARTBEAT_S = 0.25
+
+
+def write_rows(bank: torch.Tensor, slots: list[int], rows: np.ndarray) -> None:
+    """Copy float32 ``rows [n, H]`` into bank rows ``slots + 1`` (model dtype)."""
+    idx = torch.tensor(slots, dtype=torch.long, device=bank.device) + 1
+    bank[idx] = torch.from_numpy(rows).to(bank.device, bank.dtype, non_blocking=True)
+
+
+class MailboxSync:
+    def __init__(self, box: EngineMailbox, bank: torch.Tensor, registry: Registry, counters: Counters):
+        self.box, self.bank, self.registry, self.counters = box, bank, registry, counters
+        self.lock = threading.RLock()
+        self.serving = threading.Event()  # set after the first real step: GPU work allowed off-thread
+        self._stop = threading.Event()
+        self._done = -1  # target generation fully applied; skip the scan while it is unchanged
+        self._thread = threading.Thread(target=self._beat, name="hotwire-mailbox", daemon=True)
+
+    def start(self) -> None:
+        self._thread.start()
+
+    def stop(self) -> None:
+        self._stop.set()
+
+    @torch.inference_mode()
+    def apply(self) -> None:
+        """Apply every consistent pending change; publish refs, then the applied generation."""
+        with self.lock:
+            if int(self.box.header["target_gen"]) == self._done:
+                return
+            self.publish_refs()  # refs must be current before any retirement is acked
+            target, entries, torn = self.box.pending()
+            active = [e for e in entries if e.state == ACTIVE]
+            if active:
+                write_rows(self.bank, [e.slot for e in active], np.stack([e.row for e in active]))
+                self.counters.add("mailbox_rows_applied", len(active))
+            for e in entries:
+                if e.state == ACTIVE:
+                    self.registry.bind(e.slot, e.vector_id, e.layer, e.gen)
+                else:
+                    self.registry.unbind(e.slot)
+                self.box.ack(e)
+            if torn:
+                self.counters.add("mailbox_torn_reads", torn)
+            self.box.publish(None if torn else target, self.registry.inflight, self.registry.last_used_ns)
+            if not torn:
+                self._done = target
+
+    def publish_refs(self) -> None:
+        self.box.publish(None, self.registry.inflight, self.registry.last_used_ns)
+
+    def _beat(self) -> None:
+        while not self._stop.wait(HEARTBEAT_S):
+            try:
+                if self.serving.is_set():
+                    self.apply()
+                with self.lock:
+                    self.box.beat()
+            except (MailboxError, ValueError, RuntimeError) as e:
+                log.error("hotwire: mailbox thread stopped: %s", e)
+                return
