@@ -1,0 +1,123 @@
+"""HTTP client of the control API (httpx), shared by the CLI, tests and tools."""
+
+from __future__ import annotations
+
+import argparse
+import base64
+import functools
+import json
+import os
+import sys
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any
+
+import httpx
+import numpy as np
+
+DEFAULT_URL = "http://127.0.0.1:8001"
+
+
+class ControlApiError(Exception):
+    """A failed call: the server's error code and message, or ``unreachable``."""
+
+    def __init__(self, status: int, code: str, message: str):
+        super().__init__(f"{code}: {message}" + (f" (HTTP {status})" if status else ""))
+        self.status, self.code, self.message = status, code, message
+
+
+class ControlClient:
+    def __init__(self, url: str = DEFAULT_URL, token: str | None = None, timeout: float = 60.0):
+        headers = {"Authorization": f"Bearer {token}"} if token else {}
+        self.url = url.rstrip("/")
+        self._http = httpx.Client(base_url=self.url, headers=headers, timeout=timeout)
+
+    def push_file(self, vector_id: str, path: Path, *, layers: Sequence[int] | None = None,
+                  pin: bool = False, replace: bool = False, key: str | None = None,
+                  metadata: dict[str, Any] | None = None) -> dict[str, Any]:
+        """Register a ``.safetensors`` (sent as is) or ``.npy`` file (sent as base64 JSON)."""
+        suffix = path.suffix.lower()
+        if suffix == ".npy":
+            if key is not None:
+                raise ControlApiError(0, "bad_usage", "--key applies to .safetensors files")
+            array = np.load(path, allow_pickle=False)
+            return self.push_array(vector_id, array, layers=layers, pin=pin, replace=replace,
+                                   metadata=metadata)
+        if suffix != ".safetensors":
+            raise ControlApiError(0, "bad_usage", f"{path}: expected a .safetensors or .npy file")
+        form = {"id": vector_id, "pin": str(pin).lower(), "replace": str(replace).lower()}
+        if layers is not None:
+            form["layers"] = json.dumps(list(layers))
+        if key is not None:
+            form["key"] = key
+        if metadata is not None:
+            form["metadata"] = json.dumps(metadata)
+        files = {"file": (path.name, path.read_bytes(), "application/octet-stream")}
+        return self._call("POST", "/steer/vectors", data=form, files=files).json()
+
+    def push_array(self, vector_id: str, array: np.ndarray, *, layers: Sequence[int] | None = None,
+                   pin: bool = False, replace: bool = False,
+                   metadata: dict[str, Any] | None = None) -> dict[str, Any]:
+        little = np.ascontiguousarray(array, dtype=array.dtype.newbyteorder("<"))
+        body = {"id": vector_id, "data": base64.b64encode(little.tobytes()).decode(),
+                "dtype": array.dtype.name, "shape": list(array.shape), "pin": pin,
+                "replace": replace, "metadata": metadata or {}}
+        if layers is not None:
+            body["layers"] = list(layers)
+        return self._call("POST", "/steer/vectors", json=body).json()
+
+    def vectors(self) -> list[dict[str, Any]]:
+        return self._call("GET", "/steer/vectors").json()["vectors"]
+
+    def vector(self, vector_id: str) -> dict[str, Any]:
+        return self._call("GET", f"/steer/vectors/{vector_id}").json()
+
+    def remove(self, vector_id: str) -> None:
+        self._call("DELETE", f"/steer/vectors/{vector_id}")
+
+    def slots(self) -> dict[str, Any]:
+        return self._call("GET", "/steer/slots").json()
+
+    def _call(self, method: str, path: str, **kwargs: Any) -> httpx.Response:
+        try:
+            response = self._http.request(method, path, **kwargs)
+        except httpx.TransportError as e:
+            raise ControlApiError(0, "unreachable", f"cannot reach the control API at "
+                                  f"{self.url}: {e}") from None
+        if response.is_success:
+            return response
+        try:
+            error = response.json()["error"]
+            code, message = error["code"], error["message"]
+        except (ValueError, KeyError, TypeError):
+            code, message = f"http_{response.status_code}", response.text[:500]
+        raise ControlApiError(response.status_code, code, message)
+
+    def close(self) -> None:
+        self._http.close()
+
+
+def add_client_options(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--url", default=os.environ.get("HOTWIRE_URL", DEFAULT_URL),
+                        help=f"control API base URL ($HOTWIRE_URL, default {DEFAULT_URL})")
+    parser.add_argument("--token", default=os.environ.get("HOTWIRE_TOKEN"),
+                        help="bearer token for writes ($HOTWIRE_TOKEN)")
+
+
+def client_command(fn: Callable[[ControlClient, argparse.Namespace], None]
+                   ) -> Callable[[argparse.Namespace], int]:
+    """Make ``fn(client, args)`` a CLI ``run``: exit 0, or 1 with the server's error on stderr."""
+
+    @functools.wraps(fn)
+    def run(args: argparse.Namespace) -> int:
+        client = ControlClient(args.url, args.token)
+        try:
+            fn(client, args)
+        except ControlApiError as e:
+            print(f"hotwire: {e}", file=sys.stderr)
+            return 1
+        finally:
+            client.close()
+        return 0
+
+    return run

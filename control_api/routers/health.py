@@ -1,0 +1,42 @@
+"""Probes and metrics: ``/healthz`` (process up), ``/readyz`` (engine usable), ``/metrics``."""
+
+from __future__ import annotations
+
+from fastapi import APIRouter, Depends, Response
+from fastapi.responses import JSONResponse
+from prometheus_client import CONTENT_TYPE_LATEST
+from pydantic import BaseModel
+
+from ..dependencies import Services, services
+
+router = APIRouter(tags=["health"])
+
+
+class Health(BaseModel):
+    status: str
+
+
+class Readiness(BaseModel):
+    ready: bool
+    reason: str | None = None
+
+
+@router.get("/healthz", response_model=Health)
+async def healthz() -> Health:
+    """The process is up and serving HTTP."""
+    return Health(status="ok")
+
+
+@router.get("/readyz", response_model=Readiness, responses={503: {"model": Readiness}})
+async def readyz(svc: Services = Depends(services)) -> JSONResponse:
+    """200 when an engine is attached, armed, beating and has applied the mailbox; else 503."""
+    problem = svc.slots.link.readiness_problem(svc.settings.heartbeat_timeout_s)
+    body = Readiness(ready=problem is None, reason=problem)
+    return JSONResponse(body.model_dump(), status_code=200 if problem is None else 503)
+
+
+@router.get("/metrics", response_class=Response,
+            responses={200: {"content": {CONTENT_TYPE_LATEST: {}}}})
+async def metrics(svc: Services = Depends(services)) -> Response:
+    """Prometheus text exposition."""
+    return Response(svc.metrics.render(), media_type=CONTENT_TYPE_LATEST)

@@ -1,0 +1,45 @@
+"""``hotwire control-api``: serve the control API with uvicorn.
+
+Flags override the environment (``HOTWIRE_*``, see :class:`Settings`); the token is read from
+``HOTWIRE_TOKEN`` only.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import sys
+from pathlib import Path
+
+from pydantic import ValidationError
+
+from .settings import Settings
+
+
+def configure(parser: argparse.ArgumentParser) -> None:
+    env = Settings.ENV
+    parser.add_argument("--host", help=f"interface to listen on (${env['host']}, default 0.0.0.0)")
+    parser.add_argument("--port", type=int, help=f"port (${env['port']}, default 8001)")
+    parser.add_argument("--mailbox", type=Path, help=f"engine mailbox file (${env['mailbox']})")
+    parser.add_argument("--state-dir", type=Path, help=f"catalog directory (${env['state_dir']})")
+    parser.add_argument("--log-level", default="info",
+                        choices=["critical", "error", "warning", "info", "debug"])
+    parser.set_defaults(run=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    import uvicorn
+
+    from .app import create_app
+
+    try:
+        settings = Settings.from_env(host=args.host, port=args.port, mailbox=args.mailbox,
+                                     state_dir=args.state_dir)
+    except ValidationError as e:
+        print(f"hotwire control-api: bad setting: {e}", file=sys.stderr)
+        return 2
+    logging.basicConfig(level=args.log_level.upper(),
+                        format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    uvicorn.run(create_app(settings), host=settings.host, port=settings.port,
+                log_level=args.log_level)
+    return 0

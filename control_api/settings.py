@@ -1,0 +1,56 @@
+"""Control API settings: environment variables, overridden by command-line flags.
+
+Every setting has one environment variable (``Settings.ENV``) so a container is configured the
+same way whether it runs ``hotwire control-api`` or ``create_app`` directly. The bearer token is
+read from the environment only: a secret on the command line leaks into ``ps``.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any, ClassVar
+
+from pydantic import BaseModel, ConfigDict, Field, SecretStr
+
+DEFAULT_MAILBOX = "/dev/shm/hotwire/engine.mbx"  # the engine plugin's default as well
+
+
+class Settings(BaseModel):
+    model_config = ConfigDict(frozen=True)
+
+    mailbox: Path = Field(Path(DEFAULT_MAILBOX), description="engine mailbox file to attach to")
+    state_dir: Path = Field(Path("hotwire-state"), description="directory of the SQLite catalog")
+    token: SecretStr | None = Field(None, description="bearer token for writes; unset = open")
+    max_upload_bytes: int = Field(64 * 2**20, gt=0, description="largest accepted request body")
+    heartbeat_timeout_s: float = Field(10.0, gt=0, description="engine heartbeat age that fails /readyz")
+    evict_timeout_s: float = Field(5.0, ge=0, description="how long an upload waits for evicted slots")
+    host: str = "0.0.0.0"
+    port: int = Field(8001, ge=1, le=65535)
+
+    ENV: ClassVar[dict[str, str]] = {
+        "mailbox": "HOTWIRE_MAILBOX",
+        "state_dir": "HOTWIRE_STATE_DIR",
+        "token": "HOTWIRE_TOKEN",
+        "max_upload_bytes": "HOTWIRE_MAX_UPLOAD_BYTES",
+        "heartbeat_timeout_s": "HOTWIRE_HEARTBEAT_TIMEOUT_S",
+        "evict_timeout_s": "HOTWIRE_EVICT_TIMEOUT_S",
+        "host": "HOTWIRE_HOST",
+        "port": "HOTWIRE_PORT",
+    }
+
+    @classmethod
+    def from_env(cls, environ: Mapping[str, str] | None = None, **overrides: Any) -> "Settings":
+        """Settings from ``environ`` (default ``os.environ``); ``None`` overrides are ignored.
+
+        An empty variable counts as unset, so ``HOTWIRE_TOKEN=`` leaves writes open.
+        """
+        environ = os.environ if environ is None else environ
+        values: dict[str, Any] = {f: environ[v] for f, v in cls.ENV.items() if environ.get(v)}
+        values.update({k: v for k, v in overrides.items() if v is not None})
+        return cls.model_validate(values)
+
+    @property
+    def catalog_path(self) -> Path:
+        return self.state_dir / "catalog.sqlite3"

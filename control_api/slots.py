@@ -1,0 +1,396 @@
+"""Slot manager: keeps an engine's mailbox holding the catalog, within the engine's slot budget.
+
+The mailbox directory is the record of what is resident; nothing here caches it, so a restart
+of either side is handled by reading it again (invariant 7):
+
+- :meth:`SlotManager.reconcile` (every ``RECONCILE_PERIOD_S``) attaches to the engine, retires
+  slots the catalog does not want (deleted vectors, old generations, leftovers of an earlier
+  control API) and writes catalog vectors that are missing into free slots. It never evicts.
+- :meth:`SlotManager.register` writes an upload, evicting least-recently-used idle vectors when
+  the table is full; :meth:`SlotManager.remove` retires a vector's slots.
+
+A slot is reused only through the mailbox's two-phase protocol (invariant 6): retire, wait until
+the engine has acknowledged and no request holds it, then write. A replace writes the new rows
+into free slots and retires the old ones after (the engine binds the newest write of an
+``(id, layer)``), so the vector never goes missing; only when the table has no room does it
+retire its own idle slots first and reuse them.
+
+Every mutation holds one asyncio lock, so an upload waiting on evictions and the reconcile loop
+never pick slots at the same time. Engine contract: startup slots (``FLAG_STARTUP``) are
+published before the engine arms its layers; nothing is written while no layer is armed.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections import defaultdict
+from dataclasses import dataclass
+from typing import Literal
+
+import numpy as np
+
+from hotwire.shared.mailbox import (ACTIVE, FLAG_PINNED, FLAG_STARTUP, FREE, RETIRING,
+                                    ControlMailbox, Fingerprint)
+from hotwire.shared.wire import VectorError
+
+from .catalog import Catalog, VectorRecord
+from .engine_link import EngineLink
+from .errors import ApiError
+from .placement import mailbox_rows, target_layers
+from .uploads import Upload
+
+log = logging.getLogger("hotwire.control_api")
+
+RECONCILE_PERIOD_S = 0.2
+POLL_S = 0.01  # while waiting for the engine to release evicted slots
+
+
+@dataclass(frozen=True)
+class SlotUse:
+    """One non-free slot: its directory entry and the engine's view of it."""
+
+    slot: int
+    vector_id: str
+    layer: int
+    generation: int
+    state: int
+    flags: int
+    inflight: int
+    last_used_ns: int
+    acked: bool
+
+    @property
+    def pinned(self) -> bool:
+        return bool(self.flags & FLAG_PINNED)
+
+    @property
+    def startup(self) -> bool:
+        return bool(self.flags & FLAG_STARTUP)
+
+
+def reusable_slots(box: ControlMailbox) -> list[int]:
+    """Slots that may be written now: FREE, or RETIRING, acked, and held by no request."""
+    d, e = box.directory, box.engine
+    state = d["state"]
+    ok = (state == FREE) | ((state == RETIRING) & (e["applied_seq"] == d["seq"]) & (e["inflight"] == 0))
+    return np.flatnonzero(ok).tolist()
+
+
+class TableSnapshot:
+    """The slot table of a mailbox at one moment."""
+
+    def __init__(self, box: ControlMailbox):
+        d, e = box.directory.copy(), box.engine.copy()
+        acked = e["applied_seq"] == d["seq"]
+        state = d["state"]
+        self.n_slots = box.n_slots
+        self.reusable = np.flatnonzero(
+            (state == FREE) | ((state == RETIRING) & acked & (e["inflight"] == 0))).tolist()
+        # Retired, held by no request, only the engine's ack missing: reusable within a step.
+        self.draining = np.flatnonzero((state == RETIRING) & ~acked & (e["inflight"] == 0)).tolist()
+        self.uses = [
+            SlotUse(s, d["vector_id"][s].decode(), int(d["layer"][s]), int(d["gen"][s]),
+                    int(state[s]), int(d["flags"][s]), int(e["inflight"][s]),
+                    int(e["last_used_ns"][s]), bool(acked[s]))
+            for s in np.flatnonzero(state != FREE).tolist()]
+        self.active: dict[str, list[SlotUse]] = defaultdict(list)
+        for use in self.uses:
+            if use.state == ACTIVE:
+                self.active[use.vector_id].append(use)
+
+    @property
+    def used(self) -> int:
+        return self.n_slots - len(self.reusable)
+
+    def startup_ids(self) -> set[str]:
+        return {u.vector_id for u in self.uses if u.startup and u.state == ACTIVE}
+
+
+@dataclass(frozen=True)
+class EngineView:
+    """What an attached engine's mailbox showed at one moment."""
+
+    fingerprint: Fingerprint
+    epoch: int
+    pid: int
+    armed: tuple[int, ...]
+    target_gen: int
+    applied_gen: int
+    heartbeat_age_s: float
+    counters: dict[str, int]
+    table: TableSnapshot
+
+    @classmethod
+    def read(cls, box: ControlMailbox) -> "EngineView":
+        hd = box.header
+        return cls(box.fingerprint, box.epoch, int(hd["engine_pid"]), tuple(box.armed_layers()),
+                   int(hd["target_gen"]), int(hd["applied_gen"]), box.heartbeat_age_s(),
+                   box.counters(), TableSnapshot(box))
+
+
+ResidencyState = Literal["resident", "not_resident", "incompatible", "no_engine"]
+
+
+@dataclass(frozen=True)
+class Residency:
+    """Where a catalog vector stands on the attached engine."""
+
+    state: ResidencyState
+    reason: str | None
+    slots: tuple[tuple[int, int], ...]  # (slot, slot layer)
+
+    @property
+    def resident(self) -> bool:
+        return self.state == "resident"
+
+
+class SlotManager:
+    def __init__(self, catalog: Catalog, link: EngineLink, *, evict_timeout_s: float,
+                 heartbeat_timeout_s: float):
+        self.catalog = catalog
+        self.link = link
+        self.evict_timeout_s = evict_timeout_s
+        self.heartbeat_timeout_s = heartbeat_timeout_s
+        self.lock = asyncio.Lock()
+        self.evicted_total = 0
+        self._problems: dict[str, str] = {}  # id -> why it cannot go on the attached engine
+
+    # Reading -----------------------------------------------------------------------------
+
+    def view(self) -> EngineView | None:
+        box = self.link.box
+        return None if box is None else EngineView.read(box)
+
+    def residency(self, record: VectorRecord, view: EngineView | None) -> Residency:
+        if view is None:
+            return Residency("no_engine", self.link.problem, ())
+        if not view.armed:
+            return Residency("not_resident", "the engine has not armed any layer yet", ())
+        try:
+            layers = target_layers(record.shape, record.layers, view.fingerprint, view.armed)
+        except VectorError as e:
+            return Residency("incompatible", e.detail, ())
+        slots = tuple(sorted((u.slot, u.layer) for u in view.table.active.get(record.id, ())
+                             if u.generation == record.generation and u.layer in layers))
+        if record.id in self._problems:
+            return Residency("incompatible", self._problems[record.id], slots)
+        if {layer for _, layer in slots} >= set(layers):
+            return Residency("resident", None, slots)
+        return Residency("not_resident", "waiting for free slots (evicted, or the table is full)",
+                         slots)
+
+    # Writing -----------------------------------------------------------------------------
+
+    async def register(self, upload: Upload) -> tuple[VectorRecord, bool]:
+        """Catalog and write ``upload``; returns the record and whether it is new.
+
+        Raises :class:`ApiError` (409, 503, 507) or :class:`VectorError` (422), in which case
+        the catalog is unchanged.
+        """
+        async with self.lock:
+            box = self._engine()
+            fp = box.fingerprint
+            layers = target_layers(upload.vector.shape, upload.layers, fp, box.armed_layers())
+            rows = mailbox_rows(upload.vector, fp, layers)
+            old = self.catalog.get(upload.vector_id)
+            if old is not None and not upload.replace:
+                raise ApiError(409, "exists", f"vector {upload.vector_id!r} exists (generation "
+                               f"{old.generation}); send replace=true to replace it")
+            table = TableSnapshot(box)
+            if upload.vector_id in table.startup_ids():
+                raise ApiError(409, "startup_vector", f"{upload.vector_id!r} is a startup vector "
+                               "of the engine (HOTWIRE_VECTORS); pick another id")
+            own = [u.slot for u in table.active.get(upload.vector_id, ())]
+            slots = await self._make_room(box, table, len(rows), upload.vector_id)
+            record = self.catalog.put(upload.vector_id, upload.vector, dtype=upload.dtype,
+                                      layers=None if upload.layers is None else layers,
+                                      pinned=upload.pinned,
+                                      metadata=upload.metadata)
+            flags = FLAG_PINNED if record.pinned else 0
+            for slot, (layer, row) in zip(slots, rows):
+                box.write(slot, record.id, layer, row, record.generation, flags)
+            for slot in sorted(set(own) - set(slots)):
+                box.retire(slot)
+            self._problems.pop(record.id, None)
+            log.info("registered %s generation %d in slots %s", record.id, record.generation, slots)
+            return record, old is None
+
+    async def remove(self, vector_id: str) -> None:
+        async with self.lock:
+            if self.catalog.get(vector_id) is None:
+                box = self.link.box
+                if box is not None and vector_id in TableSnapshot(box).startup_ids():
+                    raise ApiError(409, "startup_vector", f"{vector_id!r} is a startup vector of "
+                                   "the engine (HOTWIRE_VECTORS); remove it there")
+                raise ApiError(404, "not_found", f"no vector {vector_id!r}")
+            self.catalog.delete(vector_id)
+            self._problems.pop(vector_id, None)
+            box = self.link.box
+            if box is not None:
+                for use in TableSnapshot(box).active.get(vector_id, ()):
+                    box.retire(use.slot)
+            log.info("removed %s", vector_id)
+
+    def _engine(self) -> ControlMailbox:
+        box = self.link.box
+        if box is None:
+            raise ApiError(503, "no_engine", f"no engine attached ({self.link.problem}); vectors "
+                           "are checked against the engine's model, so uploads wait for one")
+        if not box.armed_layers():
+            raise ApiError(503, "engine_starting", "the engine has not armed any layer yet")
+        return box
+
+    async def _make_room(self, box: ControlMailbox, table: TableSnapshot, need: int,
+                         vector_id: str) -> list[int]:
+        """``need`` writable slots, retiring the vector's own idle slots, then LRU idle vectors."""
+        if len(table.reusable) >= need:
+            return table.reusable[:need]
+        coming = len(table.reusable) + len(table.draining)
+        retire: list[int] = []
+        own = table.active.get(vector_id, [])
+        if own and not any(u.inflight for u in own):
+            retire += [u.slot for u in own]
+        evicted = []
+        for victim, uses in self._eviction_order(table, exclude=vector_id):
+            if coming + len(retire) >= need:
+                break
+            retire += [u.slot for u in uses]
+            evicted.append(victim)
+        if coming + len(retire) < need:
+            raise ApiError(507, "no_space", self._no_space_message(table, need, vector_id))
+        age = box.heartbeat_age_s()
+        if age > self.heartbeat_timeout_s:
+            raise ApiError(503, "engine_unresponsive", f"freeing slots needs the engine's "
+                           f"acknowledgement, but its heartbeat is {age:.0f}s old")
+        for slot in retire:
+            box.retire(slot)
+        if evicted:
+            self.evicted_total += len(evicted)
+            log.info("evicting %s to make room for %s", ", ".join(evicted), vector_id)
+        return await self._await_reusable(box, need)
+
+    def _eviction_order(self, table: TableSnapshot, exclude: str) -> list[tuple[str, list[SlotUse]]]:
+        """Evictable vectors, least recently used first: whole vectors, unpinned, none in use.
+
+        Recency is the engine's last use of any of the vector's slots, or its registration time
+        when later, so a vector just pushed is not the first to go.
+        """
+        records = self.catalog.records()
+        ranked = []
+        for vector_id, uses in table.active.items():
+            if vector_id == exclude or any(u.pinned or u.startup or u.inflight for u in uses):
+                continue
+            record = records.get(vector_id)
+            registered_ns = int(record.updated_at * 1e9) if record else 0
+            ranked.append((max(registered_ns, *(u.last_used_ns for u in uses)), vector_id, uses))
+        return [(vector_id, uses) for _, vector_id, uses in sorted(ranked)]
+
+    @staticmethod
+    def _no_space_message(table: TableSnapshot, need: int, vector_id: str) -> str:
+        others = [u for uses in table.active.values() for u in uses if u.vector_id != vector_id]
+        kept = sum(1 for u in others if u.pinned or u.startup)
+        busy = sum(1 for u in others if u.inflight and not (u.pinned or u.startup))
+        return (f"no room for {need} slot(s) of {table.n_slots}: {len(table.reusable)} free, "
+                f"{kept} pinned or startup, {busy} held by running requests; nothing can be "
+                "evicted (delete or unpin a vector, or retry when requests finish)")
+
+    async def _await_reusable(self, box: ControlMailbox, need: int) -> list[int]:
+        deadline = time.monotonic() + self.evict_timeout_s
+        while True:
+            free = reusable_slots(box)
+            if len(free) >= need:
+                return free[:need]
+            if box.replaced():
+                raise ApiError(503, "engine_restarted", "the engine restarted while slots were "
+                               "being freed; retry")
+            if time.monotonic() >= deadline:
+                raise ApiError(507, "evict_timeout", f"evicted slots were still in use by running "
+                               f"requests after {self.evict_timeout_s:g}s; the evicted vectors stay "
+                               "in the catalog; retry later")
+            await asyncio.sleep(POLL_S)
+
+    # Reconcile -----------------------------------------------------------------------------
+
+    async def run(self) -> None:
+        """Reconcile forever; errors are logged and retried on the next period."""
+        while True:
+            async with self.lock:
+                try:
+                    self.reconcile()
+                except Exception:
+                    log.exception("reconcile failed; retrying")
+            await asyncio.sleep(RECONCILE_PERIOD_S)
+
+    def reconcile(self) -> None:
+        """One pass: (re)attach, retire what the catalog does not want, write what is missing.
+
+        Caller holds :attr:`lock`.
+        """
+        if self.link.refresh():
+            self._problems.clear()
+        box = self.link.box
+        if box is None:
+            return
+        self.link.observe_sync()
+        armed = box.armed_layers()
+        if not armed:
+            return
+        fp = box.fingerprint
+        records = self.catalog.records()
+        wanted: dict[str, tuple[int, ...]] = {}
+        for record in records.values():
+            try:
+                wanted[record.id] = target_layers(record.shape, record.layers, fp, armed)
+            except VectorError as e:
+                self._note_problem(record.id, e.detail)
+        table = TableSnapshot(box)
+        self._retire_unwanted(box, table, records, wanted)
+        self._write_missing(box, table, records, wanted)
+
+    def _retire_unwanted(self, box: ControlMailbox, table: TableSnapshot,
+                         records: dict[str, VectorRecord], wanted: dict[str, tuple[int, ...]]) -> None:
+        kept: set[tuple[str, int]] = set()
+        for use in table.uses:
+            if use.state != ACTIVE or use.startup:
+                continue
+            record = records.get(use.vector_id)
+            key = (use.vector_id, use.layer)
+            if (record is not None and use.generation == record.generation
+                    and use.layer in wanted.get(use.vector_id, ()) and key not in kept):
+                kept.add(key)
+                continue
+            if record is None or use.generation > record.generation:
+                # Keep generations monotonic even for ids this catalog never saw.
+                self.catalog.reserve_generation(use.vector_id, use.generation)
+            box.retire(use.slot)
+            log.info("retired slot %d (%s, layer %d, generation %d): not wanted by the catalog",
+                     use.slot, use.vector_id, use.layer, use.generation)
+
+    def _write_missing(self, box: ControlMailbox, table: TableSnapshot,
+                       records: dict[str, VectorRecord], wanted: dict[str, tuple[int, ...]]) -> None:
+        free = list(table.reusable)
+        fp = box.fingerprint
+        for record in sorted(records.values(), key=lambda r: (not r.pinned, -r.updated_at)):
+            layers = wanted.get(record.id)
+            if layers is None or record.id in self._problems:
+                continue
+            have = {u.layer for u in table.active.get(record.id, ()) if u.generation == record.generation}
+            missing = [layer for layer in layers if layer not in have]
+            if not missing or len(missing) > len(free):
+                continue
+            try:
+                rows = dict(mailbox_rows(self.catalog.load(record.id), fp, layers))
+            except VectorError as e:
+                self._note_problem(record.id, e.detail)
+                continue
+            flags = FLAG_PINNED if record.pinned else 0
+            for layer in missing:
+                box.write(free.pop(0), record.id, layer, rows[layer], record.generation, flags)
+            log.info("pushed %s generation %d (%d slot(s))", record.id, record.generation, len(missing))
+
+    def _note_problem(self, vector_id: str, problem: str) -> None:
+        if self._problems.get(vector_id) != problem:
+            log.warning("vector %s cannot go on this engine: %s", vector_id, problem)
+        self._problems[vector_id] = problem
