@@ -24,8 +24,10 @@ log = logging.getLogger("hotwire.control_api")
 class SyncWatch:
     """How long the engine has left a mailbox generation unapplied.
 
-    The engine applies at step boundaries (or from its idle heartbeat), so a short lag is normal;
-    a lag longer than the heartbeat timeout means the mailbox is out of sync.
+    The engine applies at step boundaries and, once it has served, from its idle heartbeat, so
+    a short lag is normal. Before its first apply of an epoch (a fresh engine that has run no
+    step yet) a lag is expected and not counted: the catalog pushed at engine start waits there
+    for the first request, and an unready control API must not keep that request away.
     """
 
     def __init__(self) -> None:
@@ -33,7 +35,7 @@ class SyncWatch:
         self._since = 0.0
 
     def observe(self, applied: int, target: int) -> None:
-        if applied >= target:
+        if applied == 0 or applied >= target:
             self._waiting_for = None
         elif self._waiting_for is None or applied >= self._waiting_for:
             self._waiting_for, self._since = target, time.monotonic()
@@ -100,22 +102,6 @@ class EngineLink:
     def observe_sync(self) -> None:
         if self.box is not None:
             self.watch.observe(int(self.box.header["applied_gen"]), int(self.box.header["target_gen"]))
-
-    def readiness_problem(self, heartbeat_timeout_s: float) -> str | None:
-        """Why this link cannot serve now, or ``None``: attached, armed, alive and in sync."""
-        box = self.box
-        if box is None:
-            return self.problem
-        if not box.armed_layers():
-            return "the engine has not armed any layer yet"
-        age = box.heartbeat_age_s()
-        if age > heartbeat_timeout_s:
-            return f"engine heartbeat is {age:.1f}s old (timeout {heartbeat_timeout_s:g}s)"
-        lag = self.watch.lag_s()
-        if lag > heartbeat_timeout_s:
-            return (f"the engine has not applied mailbox generation {self.watch.waiting_for} "
-                    f"for {lag:.1f}s")
-        return None
 
     def close(self) -> None:
         if self.box is not None:

@@ -155,6 +155,7 @@ class SlotManager:
         self.heartbeat_timeout_s = heartbeat_timeout_s
         self.lock = asyncio.Lock()
         self.evicted_total = 0
+        self.reconcile_error: str | None = None
         self._problems: dict[str, str] = {}  # id -> why it cannot go on the attached engine
 
     # Reading -----------------------------------------------------------------------------
@@ -162,6 +163,28 @@ class SlotManager:
     def view(self) -> EngineView | None:
         box = self.link.box
         return None if box is None else EngineView.read(box)
+
+    def readiness_problem(self) -> str | None:
+        """Why the engine cannot be steered through this API now, or ``None``.
+
+        Ready: attached, layers armed, heartbeat fresh, the last reconcile pass clean, and the
+        engine not stuck on a mailbox generation (see :class:`SyncWatch`).
+        """
+        box = self.link.box
+        if box is None:
+            return self.link.problem
+        if not box.armed_layers():
+            return "the engine has not armed any layer yet"
+        age = box.heartbeat_age_s()
+        if age > self.heartbeat_timeout_s:
+            return f"engine heartbeat is {age:.1f}s old (timeout {self.heartbeat_timeout_s:g}s)"
+        if self.reconcile_error is not None:
+            return f"reconcile failed: {self.reconcile_error}"
+        lag = self.link.watch.lag_s()
+        if lag > self.heartbeat_timeout_s:
+            return (f"the engine has not applied mailbox generation {self.link.watch.waiting_for} "
+                    f"for {lag:.1f}s")
+        return None
 
     def residency(self, record: VectorRecord, view: EngineView | None) -> Residency:
         if view is None:
@@ -319,8 +342,11 @@ class SlotManager:
             async with self.lock:
                 try:
                     self.reconcile()
-                except Exception:
-                    log.exception("reconcile failed; retrying")
+                    self.reconcile_error = None
+                except Exception as e:
+                    if self.reconcile_error is None:
+                        log.exception("reconcile failed; retrying every %gs", RECONCILE_PERIOD_S)
+                    self.reconcile_error = f"{type(e).__name__}: {e}"
             await asyncio.sleep(RECONCILE_PERIOD_S)
 
     def reconcile(self) -> None:

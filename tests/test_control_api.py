@@ -429,8 +429,7 @@ def test_readyz_fails_when_the_engine_stops_applying(tmp_path):
     rig = Rig(tmp_path, heartbeat_timeout_s=0.5)
     rig.start_engine()
     rig.start_api()
-    rig.engine.paused.set()  # the engine beats (below) but applies nothing
-    assert rig.push("late", exact_vector(H)).status_code == 201
+    rig.engine.paused.set()  # from here the engine beats (below) but runs no step
     stop_beating = threading.Event()
 
     def beat_only():
@@ -440,6 +439,12 @@ def test_readyz_fails_when_the_engine_stops_applying(tmp_path):
     beater = threading.Thread(target=beat_only)
     beater.start()
     try:
+        # A fresh engine applies at its first step: waiting for that is not "out of sync".
+        assert rig.push("early", exact_vector(H)).status_code == 201
+        time.sleep(1.0)
+        assert rig.http.get("/readyz").status_code == 200
+        rig.engine.step()
+        assert rig.push("late", exact_vector(H)).status_code == 201
         r = wait_until(lambda: (x := rig.http.get("/readyz")).status_code == 503 and x)
         assert "not applied" in r.json()["reason"]
         stop_beating.set()

@@ -29,8 +29,8 @@ async def healthz() -> Health:
 
 @router.get("/readyz", response_model=Readiness, responses={503: {"model": Readiness}})
 async def readyz(svc: Services = Depends(services)) -> JSONResponse:
-    """200 when an engine is attached, armed, beating and has applied the mailbox; else 503."""
-    problem = svc.slots.link.readiness_problem(svc.settings.heartbeat_timeout_s)
+    """200 when an engine is attached, armed, beating and in sync with the catalog; else 503."""
+    problem = svc.slots.readiness_problem()
     body = Readiness(ready=problem is None, reason=problem)
     return JSONResponse(body.model_dump(), status_code=200 if problem is None else 503)
 

@@ -1,0 +1,123 @@
+"""The ``hotwire`` command line against a real ``hotwire control-api`` process over HTTP."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import httpx
+import numpy as np
+import pytest
+from safetensors.numpy import save_file
+
+from control_harness import FP, TOKEN, EnginePump, exact_vector, free_port, wait_until
+from hotwire.control_api.cli import main
+from hotwire.shared.mailbox import ANY_LAYER
+
+H = FP.hidden
+HOTWIRE = str(Path(sys.executable).with_name("hotwire"))
+
+
+@pytest.fixture(scope="module")
+def served(tmp_path_factory):
+    """An engine pump and a ``hotwire control-api`` subprocess on a free port."""
+    tmp = tmp_path_factory.mktemp("cli")
+    mailbox = tmp / "shm" / "engine.mbx"
+    engine = EnginePump(mailbox)
+    port = free_port()
+    env = {**os.environ, "HOTWIRE_TOKEN": TOKEN}
+    server = subprocess.Popen(
+        [HOTWIRE, "control-api", "--host", "127.0.0.1", "--port", str(port), "--mailbox",
+         str(mailbox), "--state-dir", str(tmp / "state"), "--log-level", "warning"],
+        env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    url = f"http://127.0.0.1:{port}"
+
+    def ready() -> bool:
+        assert server.poll() is None, server.stdout.read()
+        try:
+            return httpx.get(f"{url}/readyz").status_code == 200
+        except httpx.TransportError:
+            return False
+
+    try:
+        wait_until(ready, timeout=30, what="hotwire control-api to become ready")
+        yield url, engine, tmp
+    finally:
+        server.terminate()
+        server.wait(10)
+        engine.stop()
+
+
+def cli(capsys, url: str, *args: str, token: str | None = TOKEN) -> tuple[int, str, str]:
+    argv = [*args, "--url", url] + (["--token", token] if token else [])
+    status = main(argv)
+    out = capsys.readouterr()
+    return status, out.out, out.err
+
+
+def test_push_list_slots_rm(served, capsys):
+    url, engine, tmp = served
+    per_layer = exact_vector(FP.n_layers, H, seed=1)
+    save_file({"steer": per_layer}, tmp / "per_layer.safetensors")
+    flat = exact_vector(H, seed=2).astype(np.float16)
+    np.save(tmp / "flat.npy", flat)
+
+    status, out, err = cli(capsys, url, "vectors", "push", "cli_layers",
+                           str(tmp / "per_layer.safetensors"), "--layers", "1-2", "--pin")
+    assert status == 0, err
+    assert "cli_layers: generation 1, resident" in out
+    entries = engine.entries("cli_layers")
+    assert sorted(entries) == [1, 2]
+    np.testing.assert_array_equal(entries[2][2], per_layer[2])
+
+    status, out, err = cli(capsys, url, "vectors", "push", "cli_flat", str(tmp / "flat.npy"),
+                           "--metadata", '{"note": "npy"}')
+    assert status == 0, err
+    np.testing.assert_array_equal(engine.entries("cli_flat")[ANY_LAYER][2], flat.astype(np.float32))
+
+    status, out, _ = cli(capsys, url, "vectors", "list", token=None)
+    assert status == 0
+    lines = out.splitlines()
+    assert lines[0].split()[:3] == ["ID", "GEN", "SHAPE"]
+    assert [line.split()[0] for line in lines[1:]] == ["cli_flat", "cli_layers"]
+    assert "float16" in lines[1] and f"{FP.n_layers}x{H}" in lines[2] and "1,2" in lines[2]
+
+    status, out, _ = cli(capsys, url, "slots", token=None)
+    assert status == 0
+    assert FP.model in out and "slots 3/8 used" in out
+    slot_rows = [line.split() for line in out.splitlines() if "cli_" in line]
+    assert sorted((row[1], row[2]) for row in slot_rows) == \
+        [("cli_flat", "any"), ("cli_layers", "1"), ("cli_layers", "2")]
+
+    status, out, _ = cli(capsys, url, "vectors", "rm", "cli_flat")
+    assert (status, out.strip()) == (0, "removed cli_flat")
+    assert engine.entries("cli_flat") == {}
+
+
+def test_failures_exit_non_zero_with_the_server_message(served, capsys):
+    url, _, tmp = served
+    np.save(tmp / "bad.npy", np.full(FP.hidden + 1, 0.5, dtype=np.float32))
+    status, _, err = cli(capsys, url, "vectors", "push", "bad", str(tmp / "bad.npy"))
+    assert status == 1 and "bad_shape" in err and "does not match the model" in err
+
+    np.save(tmp / "ok.npy", exact_vector(FP.hidden))
+    status, _, err = cli(capsys, url, "vectors", "push", "denied", str(tmp / "ok.npy"), token=None)
+    assert status == 1 and "unauthorized" in err
+
+    status, _, err = cli(capsys, url, "vectors", "rm", "never_was")
+    assert status == 1 and "not_found" in err
+
+    status, _, err = cli(capsys, f"http://127.0.0.1:{free_port()}", "vectors", "list")
+    assert status == 1 and "cannot reach the control API" in err
+
+
+def test_console_script_runs_client_commands(served):
+    url, _, _ = served
+    done = subprocess.run([HOTWIRE, "vectors", "list", "--json", "--url", url],
+                          capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.lstrip().startswith("[")
+    done = subprocess.run([HOTWIRE, "--help"], capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0 and "control-api" in done.stdout and "vectors" in done.stdout

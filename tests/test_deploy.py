@@ -1,0 +1,262 @@
+"""Deployment files agree with the code: compose, Kubernetes and the Dockerfiles.
+
+No container engine here, so these read the files: the mailbox path and its memory-backed,
+shared directory; ports and probes against what the apps serve (the control API's route table,
+vLLM's own source); environment variables against what the code reads; images that install
+this repository.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import posixpath
+import re
+import shlex
+import tomllib
+from pathlib import Path
+from urllib.parse import urlparse
+
+import pytest
+import yaml
+
+from hotwire.control_api.app import create_app
+from hotwire.control_api.settings import Settings
+
+ROOT = Path(__file__).resolve().parents[1]
+COMPOSE = yaml.safe_load((ROOT / "docker-compose.yml").read_text())
+K8S = list(yaml.safe_load_all((ROOT / "deploy/k8s/hotwire.yaml").read_text()))
+VLLM_PORT_DEFAULT = 8000
+
+
+def _control_routes() -> set[tuple[str, str]]:
+    app = create_app(Settings())  # building the app opens nothing; the lifespan does
+    return {(m, r.path) for r in app.routes for m in getattr(r, "methods", ())}
+
+
+CONTROL_ROUTES = _control_routes()
+
+
+def _vllm_has_get(path: str) -> bool:
+    spec = importlib.util.find_spec("vllm")
+    if spec is None:
+        pytest.skip("vLLM is not installed")
+    pattern = re.compile(r"\.get\(\s*['\"]" + re.escape(path) + r"['\"]")
+    source = Path(spec.submodule_search_locations[0]) / "entrypoints"
+    return any(pattern.search(f.read_text(errors="ignore")) for f in source.rglob("*.py"))
+
+
+def _env_literals(package: str) -> set[str]:
+    names: set[str] = set()
+    for f in (ROOT / package).rglob("*.py"):
+        names |= set(re.findall(r"['\"](HOTWIRE_[A-Z0-9_]+)['\"]", f.read_text()))
+    return names
+
+
+ENGINE_ENV = _env_literals("engine_plugin") | _env_literals("shared")
+CONTROL_ENV = set(Settings.ENV.values())
+
+
+def _flag(args: list[str], name: str, default: object = None) -> object:
+    return args[args.index(name) + 1] if name in args else default
+
+
+def _url_in(command: list[str] | str) -> tuple[int, str]:
+    text = command if isinstance(command, str) else " ".join(command)
+    url = urlparse(re.search(r"https?://[^'\"\s)]+", text).group(0))
+    return url.port, url.path
+
+
+def _hotwire_names(names) -> set[str]:
+    return {name for name in names if name.startswith("HOTWIRE_")}
+
+
+def _dockerfile_env(steps: list[tuple[str, str]]) -> dict[str, str]:
+    pairs = [word.split("=", 1) for op, args in steps if op == "ENV" for word in shlex.split(args)]
+    return {key: value for key, value in pairs}
+
+
+def _dockerfile(path: str) -> list[tuple[str, str]]:
+    """``(INSTRUCTION, arguments)`` with line continuations joined."""
+    text = re.sub(r"\\\n", " ", (ROOT / path).read_text())
+    lines = [line.strip() for line in text.splitlines() if line.strip() and not line.lstrip().startswith("#")]
+    return [(line.split(None, 1)[0].upper(), line.split(None, 1)[1]) for line in lines]
+
+
+# Compose -----------------------------------------------------------------------------------
+
+SERVICES = COMPOSE["services"]
+VLLM, CONTROL = SERVICES["vllm"], SERVICES["control-api"]
+
+
+def _volume_at(service: dict, target: str) -> str:
+    for spec in service["volumes"]:
+        source, _, path = spec.partition(":")
+        if path.split(":")[0] == target:
+            return source
+    raise AssertionError(f"nothing mounted at {target}")
+
+
+def test_compose_shares_one_memory_backed_mailbox():
+    path = VLLM["environment"]["HOTWIRE_MAILBOX"]
+    assert CONTROL["environment"]["HOTWIRE_MAILBOX"] == path
+    directory = posixpath.dirname(path)
+    volume = _volume_at(VLLM, directory)
+    assert _volume_at(CONTROL, directory) == volume, "both containers must mount the same volume"
+    assert COMPOSE["volumes"][volume]["driver_opts"]["type"] == "tmpfs"
+
+
+def test_compose_ports_match_what_the_apps_listen_on():
+    vllm_port = int(_flag(VLLM["command"], "--port", VLLM_PORT_DEFAULT))
+    control_port = int(_flag(CONTROL["command"], "--port",
+                             CONTROL["environment"].get("HOTWIRE_PORT", Settings().port)))
+    assert f"{vllm_port}:{vllm_port}" in VLLM["ports"] and vllm_port == 8000
+    assert f"{control_port}:{control_port}" in CONTROL["ports"] and control_port == 8001
+    assert _url_in(VLLM["healthcheck"]["test"])[0] == vllm_port
+    assert _url_in(CONTROL["healthcheck"]["test"])[0] == control_port
+
+
+def test_compose_health_checks_hit_real_endpoints():
+    assert ("GET", _url_in(CONTROL["healthcheck"]["test"])[1]) in CONTROL_ROUTES
+    assert _url_in(CONTROL["healthcheck"]["test"])[1] == "/readyz"
+    assert _vllm_has_get(_url_in(VLLM["healthcheck"]["test"])[1])
+
+
+def test_compose_keeps_the_catalog_in_a_named_volume():
+    state_dir = CONTROL["environment"]["HOTWIRE_STATE_DIR"]
+    assert _volume_at(CONTROL, state_dir) in COMPOSE["volumes"]
+
+
+def test_compose_reserves_a_gpu_for_vllm():
+    [device] = VLLM["deploy"]["resources"]["reservations"]["devices"]
+    assert device["driver"] == "nvidia" and "gpu" in device["capabilities"]
+
+
+def test_compose_env_names_are_read_by_the_code():
+    assert _hotwire_names(VLLM["environment"]) <= ENGINE_ENV
+    assert _hotwire_names(CONTROL["environment"]) <= CONTROL_ENV
+
+
+@pytest.mark.parametrize("service,dockerfile", [("vllm", "deploy/Dockerfile.vllm"),
+                                                ("control-api", "deploy/Dockerfile.control-api")])
+def test_compose_builds_from_the_repository_dockerfiles(service, dockerfile):
+    build = SERVICES[service]["build"]
+    assert (ROOT / build["context"]).resolve() == ROOT
+    assert build["dockerfile"] == dockerfile and (ROOT / dockerfile).is_file()
+
+
+# Dockerfiles -------------------------------------------------------------------------------
+
+PYPROJECT = tomllib.loads((ROOT / "pyproject.toml").read_text())
+
+
+def _installs_repo(steps: list[tuple[str, str]], no_deps: bool) -> None:
+    [copy] = [args.split() for op, args in steps if op == "COPY"]
+    assert copy[0] == ".", "the whole repository is the package source"
+    [install] = [shlex.split(args) for op, args in steps if op == "RUN" and "pip install" in args]
+    assert copy[1] in install, "pip installs what was copied"
+    assert ("--no-deps" in install) == no_deps
+
+
+def test_vllm_image_adds_hotwire_to_the_pinned_vllm_image():
+    steps = _dockerfile("deploy/Dockerfile.vllm")
+    assert steps[0] == ("FROM", "vllm/vllm-openai:v0.25.1")
+    _installs_repo(steps, no_deps=True)
+    env = _dockerfile_env(steps)
+    assert _hotwire_names(env) <= ENGINE_ENV
+    assert env["HOTWIRE_MAILBOX"] == VLLM["environment"]["HOTWIRE_MAILBOX"]
+    assert ("ENTRYPOINT", '["vllm", "serve"]') in steps
+
+
+def test_control_api_image_runs_the_console_script():
+    steps = _dockerfile("deploy/Dockerfile.control-api")
+    assert steps[0] == ("FROM", "python:3.11-slim")
+    _installs_repo(steps, no_deps=False)
+    assert ("ENTRYPOINT", '["hotwire"]') in steps and ("CMD", '["control-api"]') in steps
+    assert PYPROJECT["project"]["scripts"]["hotwire"] == "hotwire.control_api.cli:main"
+    env = _dockerfile_env(steps)
+    assert _hotwire_names(env) <= CONTROL_ENV
+    assert env["HOTWIRE_MAILBOX"] == CONTROL["environment"]["HOTWIRE_MAILBOX"]
+    assert ("EXPOSE", env["HOTWIRE_PORT"]) in steps
+
+
+@pytest.mark.parametrize("dockerfile", ["deploy/Dockerfile.vllm", "deploy/Dockerfile.control-api"])
+def test_build_context_holds_the_package_and_not_the_venv(dockerfile):
+    ignored = {line.strip() for line in (ROOT / f"{dockerfile}.dockerignore").read_text().splitlines()
+               if line.strip() and not line.startswith("#")}
+    assert {".venv", ".git"} <= ignored
+    needed = {"pyproject.toml", PYPROJECT["project"]["readme"],
+              *PYPROJECT["tool"]["setuptools"]["package-dir"].values()}
+    assert not {path.split("/")[0] for path in needed} & ignored
+
+
+# Kubernetes --------------------------------------------------------------------------------
+
+[DEPLOYMENT] = [d for d in K8S if d["kind"] == "Deployment"]
+[SERVICE] = [d for d in K8S if d["kind"] == "Service"]
+[PVC] = [d for d in K8S if d["kind"] == "PersistentVolumeClaim"]
+POD = DEPLOYMENT["spec"]["template"]["spec"]
+CONTAINERS = {c["name"]: c for c in POD["containers"]}
+POD_VOLUMES = {v["name"]: v for v in POD["volumes"]}
+
+
+def _env(container: dict) -> dict[str, str | None]:
+    return {e["name"]: e.get("value") for e in container["env"]}
+
+
+def _mount_at(container: dict, path: str) -> str:
+    [name] = [m["name"] for m in container["volumeMounts"] if m["mountPath"] == path]
+    return name
+
+
+def _port(container: dict, port: int | str) -> int:
+    if isinstance(port, int):
+        return port
+    [number] = [p["containerPort"] for p in container["ports"] if p["name"] == port]
+    return number
+
+
+def test_k8s_shares_one_memory_backed_mailbox():
+    vllm, control = CONTAINERS["vllm"], CONTAINERS["control-api"]
+    path = _env(vllm)["HOTWIRE_MAILBOX"]
+    assert _env(control)["HOTWIRE_MAILBOX"] == path
+    directory = posixpath.dirname(path)
+    volume = _mount_at(vllm, directory)
+    assert _mount_at(control, directory) == volume
+    assert POD_VOLUMES[volume]["emptyDir"]["medium"] == "Memory"
+
+
+def test_k8s_probes_hit_real_endpoints_on_the_listening_ports():
+    vllm, control = CONTAINERS["vllm"], CONTAINERS["control-api"]
+    assert int(_flag(vllm["args"], "--port", VLLM_PORT_DEFAULT)) == 8000
+    control_port = int(_flag(control["args"], "--port", Settings().port))
+    for probe in ("startupProbe", "readinessProbe", "livenessProbe"):
+        get = vllm[probe]["httpGet"]
+        assert _port(vllm, get["port"]) == 8000 and _vllm_has_get(get["path"])
+    assert control["readinessProbe"]["httpGet"]["path"] == "/readyz"
+    assert control["livenessProbe"]["httpGet"]["path"] == "/healthz"
+    for probe in ("readinessProbe", "livenessProbe"):
+        get = control[probe]["httpGet"]
+        assert ("GET", get["path"]) in CONTROL_ROUTES
+        assert _port(control, get["port"]) == control_port
+
+
+def test_k8s_service_routes_to_the_pod_ports():
+    assert SERVICE["spec"]["selector"].items() <= DEPLOYMENT["spec"]["template"]["metadata"]["labels"].items()
+    assert DEPLOYMENT["spec"]["selector"]["matchLabels"] == SERVICE["spec"]["selector"]
+    named = {p["name"]: p["containerPort"] for c in CONTAINERS.values() for p in c["ports"]}
+    assert {p["port"]: named[p["targetPort"]] for p in SERVICE["spec"]["ports"]} == {8000: 8000, 8001: 8001}
+
+
+def test_k8s_keeps_the_catalog_on_the_claim():
+    control = CONTAINERS["control-api"]
+    volume = _mount_at(control, _env(control)["HOTWIRE_STATE_DIR"])
+    assert POD_VOLUMES[volume]["persistentVolumeClaim"]["claimName"] == PVC["metadata"]["name"]
+    assert DEPLOYMENT["spec"]["strategy"]["type"] == "Recreate"  # one pod holds the claim
+
+
+def test_k8s_gpu_and_env_names():
+    assert CONTAINERS["vllm"]["resources"]["limits"]["nvidia.com/gpu"] == 1
+    assert _hotwire_names(_env(CONTAINERS["vllm"])) <= ENGINE_ENV
+    control_env = {e["name"]: e for e in CONTAINERS["control-api"]["env"]}
+    assert _hotwire_names(control_env) <= CONTROL_ENV
+    assert "secretKeyRef" in control_env["HOTWIRE_TOKEN"]["valueFrom"]
