@@ -1,0 +1,239 @@
+"""The DESIGN.md invariants on a real vLLM engine (CPU in CI), against a plugin-free run and a
+plain transformers forward with a hook.
+
+One steered engine and one plugin-free engine run the same batches (rounds); each test checks
+one invariant on those results. Batches use a 64-token budget with prompts up to ~190 tokens,
+so long prompts are chunked and steps mix prefill and decode tokens.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from conftest import CPU_ENGINE, engine_env, requires_vllm, run_engine
+
+pytestmark = [requires_vllm, pytest.mark.vllm]
+
+SHORT = ["The quick brown fox", "Paris is the capital of", "Once upon a time, a small",
+         "Electric cars, rockets and"]
+LONG = "Steering vectors nudge a language model toward a concept. " * 6
+LONG2 = "Paris is the capital of France, and Tokyo is the capital of Japan. " * 5
+CACHED = LONG2 * 3  # > 2 KV blocks of 128 tokens (the CPU block size), so blocks are shared
+BOOST = {"id": "boost", "layer": 1, "scale": 1.5}
+STACK = [{"id": "a", "layer": 2}, {"id": "b", "layer": 2}]
+POSITION_SPECS = {
+    "decode_only": {"id": "boost", "layer": 1, "scale": 2.0, "decode_only": True},
+    "prompt": {"id": "boost", "layer": 1, "scale": 2.0, "positions": "prompt"},
+    "range": {"id": "boost", "layer": 1, "scale": 2.0, "positions": [3, 9]},
+    "layered": [{"id": "layered", "layer": 0, "scale": 0.5}, {"id": "layered", "layer": 3, "scale": 1.0},
+                {"id": "boost", "layer": 3, "scale": -0.5}],
+}
+BAD_SPECS = {  # spec -> the reason it is counted under
+    "not json {": "unsteered_malformed",
+    '{"id": "boost", "layer": 1, "scale": "inf"}': "unsteered_malformed",
+    '{"id": "nope", "layer": 1}': "unsteered_unknown_id",
+    '{"id": "wrongshape", "layer": 1}': "unsteered_unknown_id",  # its file was refused at start
+    '{"id": "boost", "layer": 99}': "unsteered_unarmed_layer",
+    '[{"id": "boost", "layer": 1}, {"id": "a", "layer": 1}, {"id": "b", "layer": 1}, '
+    '{"id": "boost", "layer": 1}, {"id": "a", "layer": 1}]': "unsteered_too_many_entries",
+}
+MAX_TOKENS = 10
+
+
+def _rounds(tok) -> dict[str, list[dict]]:
+    def req(text, spec=None, n=MAX_TOKENS):
+        return {"prompt_token_ids": tok(text).input_ids, "max_tokens": n, "spec": spec, "logprobs": 0}
+
+    return {
+        "plain": [req(SHORT[0]), req(SHORT[1]), req(LONG)],
+        "mixed": [req(SHORT[0], BOOST), req(SHORT[1]), req(LONG), req(LONG2, {"id": "layered", "layer": 2})],
+        "alone": [req(SHORT[0], BOOST)],
+        "crowd": [req(SHORT[2]), req(SHORT[3], {"id": "a", "layer": 3}), req(SHORT[0], BOOST), req(LONG),
+                  req(SHORT[1], POSITION_SPECS["layered"])],
+        "bad": [req(SHORT[0], spec) for spec in BAD_SPECS] + [req(SHORT[1])],
+        "stack": [req(SHORT[2], STACK)],
+        "summed": [req(SHORT[2], {"id": "a_plus_b", "layer": 2})],
+        "positions": [req(SHORT[1], spec) for spec in POSITION_SPECS.values()],
+        "cache_steered": [req(CACHED, {"id": "boost", "layer": 0, "scale": 2.0})],
+        "cache_plain": [req(CACHED)],
+        "cache_steered_again": [req(CACHED, {"id": "boost", "layer": 0, "scale": 2.0})],
+    }
+
+
+@pytest.fixture(scope="module")
+def tok(tiny_model):
+    from transformers import AutoTokenizer
+
+    return AutoTokenizer.from_pretrained(str(tiny_model))
+
+
+@pytest.fixture(scope="module")
+def rounds(tok):
+    return _rounds(tok)
+
+
+def _job(model, rounds, plugin: bool, engine=CPU_ENGINE) -> dict:
+    return {"model": str(model), "engine": engine, "plugin": plugin, "rounds": list(rounds.values())}
+
+
+def _named(out: dict, rounds: dict) -> dict[str, list[dict]]:
+    return dict(zip(rounds, out["rounds"]))
+
+
+@pytest.fixture(scope="module")
+def steered(tmp_path_factory, tiny_model, vectors_dir, rounds):
+    tmp = tmp_path_factory.mktemp("steered")
+    out = run_engine(tmp, _job(tiny_model, rounds, True), engine_env(tmp, HOTWIRE_VECTORS=str(vectors_dir)))
+    return _named(out, rounds), out
+
+
+@pytest.fixture(scope="module")
+def plugin_free(tmp_path_factory, tiny_model, rounds):
+    tmp = tmp_path_factory.mktemp("plugin-free")
+    out = run_engine(tmp, _job(tiny_model, rounds, False), engine_env(tmp))
+    return _named(out, rounds), out
+
+
+def _is_steered(req: dict) -> bool:
+    spec = req["spec"]
+    return spec is not None and not (isinstance(spec, str) and spec in BAD_SPECS)
+
+
+def test_plugin_loaded_only_where_asked(steered, plugin_free):
+    assert steered[1]["hotwire"] is True
+    assert plugin_free[1]["hotwire"] is False
+
+
+def test_unsteered_requests_equal_plugin_free_run(steered, plugin_free, rounds):
+    """Invariant 1: every unsteered request, batchmates of steered ones and requests whose spec
+    was refused included, gives exactly the plugin-free tokens and logprobs."""
+    checked = 0
+    for name, reqs in rounds.items():
+        for i, req in enumerate(reqs):
+            if _is_steered(req):
+                continue
+            got, want = steered[0][name][i], plugin_free[0][name][i]
+            assert got["tokens"] == want["tokens"], (name, i)
+            assert got["logprobs"] == want["logprobs"], (name, i)
+            checked += 1
+    assert checked >= 12
+
+
+def test_steering_changes_output(steered, plugin_free, rounds):
+    for name in ("mixed", "alone", "crowd", "stack", "summed", "cache_steered"):
+        for i, req in enumerate(rounds[name]):
+            if _is_steered(req):
+                assert steered[0][name][i]["tokens"] != plugin_free[0][name][i]["tokens"], (name, i)
+
+
+def test_steered_output_same_alone_and_in_batch(steered):
+    """Invariant 2: the same steered request alone, in a mixed batch and in a crowded batch."""
+    alone = steered[0]["alone"][0]
+    for name, i in (("mixed", 0), ("crowd", 2)):
+        other = steered[0][name][i]
+        assert other["tokens"] == alone["tokens"], name
+        np.testing.assert_allclose(other["logprobs"], alone["logprobs"], atol=1e-4)
+
+
+def test_two_entries_on_a_layer_add_up(steered):
+    stacked, summed = steered[0]["stack"][0], steered[0]["summed"][0]
+    assert stacked["tokens"] == summed["tokens"]
+    np.testing.assert_allclose(stacked["logprobs"], summed["logprobs"], atol=1e-4)
+
+
+def test_refused_specs_are_counted_by_reason(steered, rounds):
+    counters = steered[1]["counters"]
+    for reason in set(BAD_SPECS.values()):
+        assert counters[reason] == list(BAD_SPECS.values()).count(reason), reason
+    n_steered = sum(_is_steered(r) for reqs in rounds.values() for r in reqs)
+    assert counters["steered_requests"] == n_steered
+    assert "runs unsteered (unknown_id): no vector 'nope' for layer 1" in steered[1]["log"]
+
+
+def test_bad_startup_files_are_named_and_skipped(steered):
+    log = steered[1]["log"]
+    for name in ("wrongshape.safetensors", "hasnan.safetensors", "garbage.safetensors"):
+        assert f"{name}: " in log and "skipping" in log, name
+    assert "armed 4/4 decoder layers" in log
+
+
+def test_prefix_cache_never_mixes_steering_configs(steered, plugin_free):
+    """Invariant 5: an unsteered request after a steered one with the same long prompt gets the
+    unsteered tokens; the steered one repeated gets its own again."""
+    s = steered[0]
+    assert s["cache_plain"][0]["tokens"] == plugin_free[0]["cache_plain"][0]["tokens"]
+    assert s["cache_plain"][0]["logprobs"] == plugin_free[0]["cache_plain"][0]["logprobs"]
+    assert s["cache_steered_again"][0]["tokens"] == s["cache_steered"][0]["tokens"]
+
+
+# -- the math, against transformers ------------------------------------------------------------
+
+def _hf_greedy(model, prompt_ids, n_new, terms):
+    """Greedy decode with forward hooks adding ``scale * v`` at the end of each layer, on the
+    absolute positions ``[lo, hi)`` of each term. ``terms``: [(layer, vec [H], scale, lo, hi)]."""
+    import torch
+
+    handles = []
+    for layer in sorted({t[0] for t in terms}):
+        mine = [t for t in terms if t[0] == layer]
+
+        def hook(module, args, out, mine=mine):
+            h = out[0] if isinstance(out, tuple) else out
+            pos = torch.arange(h.shape[1])
+            add = torch.zeros_like(h[0])
+            for _, vec, scale, lo, hi in mine:
+                mask = ((pos >= lo) & (pos < hi)).to(h.dtype)[:, None]
+                add = add + mask * (scale * torch.from_numpy(vec))
+            h = h + add
+            return (h, *out[1:]) if isinstance(out, tuple) else h
+
+        handles.append(model.model.layers[layer].register_forward_hook(hook))
+    ids, logprobs = list(prompt_ids), []
+    try:
+        with torch.no_grad():
+            for _ in range(n_new):
+                logits = model(torch.tensor([ids])).logits[0, -1].double()
+                lp = torch.log_softmax(logits, -1)
+                nxt = int(lp.argmax())
+                logprobs.append(float(lp[nxt]))
+                ids.append(nxt)
+    finally:
+        for h in handles:
+            h.remove()
+    return ids[len(prompt_ids):], logprobs
+
+
+def _terms(spec, vectors, prompt_len):
+    from hotwire.shared.spec import parse_spec
+
+    out = []
+    for e in parse_spec(spec):
+        vec = vectors[e.id]
+        row = vec[e.layer] if vec.ndim == 2 else vec
+        out.append((e.layer, row, e.scale, *e.span(prompt_len)))
+    return out
+
+
+@pytest.fixture(scope="module")
+def hf_model(tiny_model):
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    return AutoModelForCausalLM.from_pretrained(str(tiny_model), torch_dtype=torch.float32).eval()
+
+
+@pytest.mark.parametrize("name", ["alone", "stack", "positions", "mixed", "crowd"])
+def test_math_matches_transformers_hook(name, steered, rounds, vectors, hf_model):
+    """Invariant 3: ``h_L += scale * v_L`` on the residual stream, on the chosen positions."""
+    checked = 0
+    for i, req in enumerate(rounds[name]):
+        if not _is_steered(req):
+            continue
+        prompt = req["prompt_token_ids"]
+        tokens, logprobs = _hf_greedy(hf_model, prompt, MAX_TOKENS, _terms(req["spec"], vectors, len(prompt)))
+        got = steered[0][name][i]
+        assert got["tokens"] == tokens, (name, i)
+        np.testing.assert_allclose(got["logprobs"], logprobs, atol=2e-3, rtol=0)
+        checked += 1
+    assert checked
