@@ -60,7 +60,7 @@ class VectorRecord:
     updated_at: float
 
     @classmethod
-    def from_row(cls, row: tuple) -> "VectorRecord":
+    def from_row(cls, row: tuple) -> VectorRecord:
         vid, gen, dtype, shape, layers, pinned, metadata, created, updated = row
         return cls(vid, gen, dtype, tuple(json.loads(shape)),
                    None if layers is None else tuple(json.loads(layers)),

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import secrets
 from dataclasses import dataclass
+from typing import Annotated
 
 from fastapi import Depends, Request
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
@@ -29,11 +30,13 @@ def services(request: Request) -> Services:
     return request.app.state.services
 
 
+ServicesDep = Annotated[Services, Depends(services)]
 _bearer = HTTPBearer(auto_error=False, description="the control API's HOTWIRE_TOKEN")
 
 
 async def require_writer(request: Request,
-                         credentials: HTTPAuthorizationCredentials | None = Depends(_bearer)) -> None:
+                         credentials: Annotated[HTTPAuthorizationCredentials | None,
+                                                Depends(_bearer)]) -> None:
     """Writes need ``Authorization: Bearer $HOTWIRE_TOKEN`` when a token is configured."""
     token = services(request).settings.token
     if token is None:

@@ -41,7 +41,7 @@ class Settings(BaseModel):
     }
 
     @classmethod
-    def from_env(cls, environ: Mapping[str, str] | None = None, **overrides: Any) -> "Settings":
+    def from_env(cls, environ: Mapping[str, str] | None = None, **overrides: Any) -> Settings:
         """Settings from ``environ`` (default ``os.environ``); ``None`` overrides are ignored.
 
         An empty variable counts as unset, so ``HOTWIRE_TOKEN=`` leaves writes open.

@@ -31,8 +31,15 @@ from typing import Literal
 
 import numpy as np
 
-from hotwire.shared.mailbox import (ACTIVE, FLAG_PINNED, FLAG_STARTUP, FREE, RETIRING,
-                                    ControlMailbox, Fingerprint)
+from hotwire.shared.mailbox import (
+    ACTIVE,
+    FLAG_PINNED,
+    FLAG_STARTUP,
+    FREE,
+    RETIRING,
+    ControlMailbox,
+    Fingerprint,
+)
 from hotwire.shared.wire import VectorError
 
 from .catalog import Catalog, VectorRecord
@@ -123,7 +130,7 @@ class EngineView:
     table: TableSnapshot
 
     @classmethod
-    def read(cls, box: ControlMailbox) -> "EngineView":
+    def read(cls, box: ControlMailbox) -> EngineView:
         hd = box.header
         return cls(box.fingerprint, box.epoch, int(hd["engine_pid"]), tuple(box.armed_layers()),
                    int(hd["target_gen"]), int(hd["applied_gen"]), box.heartbeat_age_s(),
@@ -232,7 +239,7 @@ class SlotManager:
                                       pinned=upload.pinned,
                                       metadata=upload.metadata)
             flags = FLAG_PINNED if record.pinned else 0
-            for slot, (layer, row) in zip(slots, rows):
+            for slot, (layer, row) in zip(slots, rows, strict=True):
                 box.write(slot, record.id, layer, row, record.generation, flags)
             for slot in sorted(set(own) - set(slots)):
                 box.retire(slot)

@@ -121,7 +121,8 @@ async def _from_form(scope: Scope, body: bytes) -> Upload:
     try:
         form = await Request(scope, replay).form(max_files=1, max_fields=8)
     except (MultiPartException, HTTPException) as e:
-        raise ApiError(422, "invalid_request", f"malformed multipart body: {getattr(e, 'detail', e)}") from None
+        detail = e.detail if isinstance(e, HTTPException) else e.message
+        raise ApiError(422, "invalid_request", f"malformed multipart body: {detail}") from None
     try:
         fields = dict(form)
         file = fields.pop("file", None)

@@ -11,7 +11,6 @@ from __future__ import annotations
 import base64
 import json
 import socket
-import subprocess
 import threading
 import time
 from collections.abc import Callable
@@ -144,7 +143,7 @@ class ServerThread:
         self._thread = threading.Thread(target=self.server.run, kwargs={"sockets": [self.sock]},
                                         daemon=True)
 
-    def start(self) -> "ServerThread":
+    def start(self) -> ServerThread:
         self._thread.start()
         wait_until(lambda: self.server.started or not self._thread.is_alive(), what="server start")
         assert self.server.started, "control API failed to start"
@@ -218,8 +217,8 @@ def safetensors_blob(tensors: dict[str, tuple[str, np.ndarray]]) -> bytes:
     """
     header: dict[str, Any] = {}
     payload = b""
-    for name, (code, values) in tensors.items():
-        values = np.asarray(values, dtype=np.float32)
+    for name, (code, given) in tensors.items():
+        values = np.asarray(given, dtype=np.float32)
         if code == "BF16":
             data = (values.astype("<f4").view("<u4") >> 16).astype("<u2").tobytes()
         else:
@@ -237,6 +236,3 @@ def exact_vector(*shape: int, seed: int = 0) -> np.ndarray:
     rng = np.random.default_rng(seed)
     return (rng.integers(-32, 32, size=shape) / 8).astype(np.float32)
 
-
-def run_cli(args: list[str], env: dict[str, str], hotwire: str) -> subprocess.CompletedProcess:
-    return subprocess.run([hotwire, *args], env=env, capture_output=True, text=True, timeout=60)

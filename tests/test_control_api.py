@@ -14,8 +14,9 @@ import numpy as np
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from control_harness import FP, Rig, exact_vector, json_body, safetensors_blob, wait_until
 from hotwire.shared.mailbox import ACTIVE, ANY_LAYER, RETIRING
+
+from control_harness import FP, Rig, exact_vector, json_body, safetensors_blob, wait_until
 
 H = FP.hidden
 
@@ -49,7 +50,7 @@ def test_json_upload_of_per_layer_vector_fills_one_slot_per_armed_layer(rig):
 
     entries = rig.engine.entries("per_layer")
     assert sorted(entries) == list(range(FP.n_layers))
-    for layer, (slot, gen, row) in entries.items():
+    for layer, (_, gen, row) in entries.items():
         assert gen == 1
         np.testing.assert_array_equal(row, vector[layer])
     assert sorted((s["slot"], s["layer"]) for s in info["slots"]) == \
@@ -494,7 +495,8 @@ def test_slot_table_shows_engine_and_slots(rig):
     assert engine["target_generation"] == int(rig.engine.box.header["target_gen"])
     assert (table["n_slots"], table["used"]) == (rig.engine.n_slots, 1)
     [entry] = table["slots"]
-    assert (entry["slot"], entry["vector_id"], entry["layer"], entry["state"]) == (slots[0], "p", None, "active")
+    assert (entry["slot"], entry["vector_id"], entry["layer"], entry["state"]) == \
+        (slots[0], "p", None, "active")
     assert (entry["inflight"], entry["pinned"], entry["startup"]) == (1, True, False)
     assert entry["last_used"] is not None
 

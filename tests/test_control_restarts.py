@@ -5,8 +5,9 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
+from hotwire.shared.mailbox import ANY_LAYER, RETIRING, ControlMailbox
+
 from control_harness import FP, Rig, exact_vector, wait_until
-from hotwire.shared.mailbox import ACTIVE, ANY_LAYER, RETIRING, ControlMailbox
 
 H = FP.hidden
 

@@ -2,12 +2,12 @@
 
 from __future__ import annotations
 
-from fastapi import APIRouter, Depends, Response
+from fastapi import APIRouter, Response
 from fastapi.responses import JSONResponse
 from prometheus_client import CONTENT_TYPE_LATEST
 from pydantic import BaseModel
 
-from ..dependencies import Services, services
+from ..dependencies import ServicesDep
 
 router = APIRouter(tags=["health"])
 
@@ -28,7 +28,7 @@ async def healthz() -> Health:
 
 
 @router.get("/readyz", response_model=Readiness, responses={503: {"model": Readiness}})
-async def readyz(svc: Services = Depends(services)) -> JSONResponse:
+async def readyz(svc: ServicesDep) -> JSONResponse:
     """200 when an engine is attached, armed, beating and in sync with the catalog; else 503."""
     problem = svc.slots.readiness_problem()
     body = Readiness(ready=problem is None, reason=problem)
@@ -37,6 +37,6 @@ async def readyz(svc: Services = Depends(services)) -> JSONResponse:
 
 @router.get("/metrics", response_class=Response,
             responses={200: {"content": {CONTENT_TYPE_LATEST: {}}}})
-async def metrics(svc: Services = Depends(services)) -> Response:
+async def metrics(svc: ServicesDep) -> Response:
     """Prometheus text exposition."""
     return Response(svc.metrics.render(), media_type=CONTENT_TYPE_LATEST)

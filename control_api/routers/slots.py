@@ -4,12 +4,12 @@ from __future__ import annotations
 
 from datetime import datetime, timezone
 
-from fastapi import APIRouter, Depends
+from fastapi import APIRouter
 from pydantic import BaseModel, Field
 
 from hotwire.shared.mailbox import ANY_LAYER, STATE_NAMES
 
-from ..dependencies import Services, services
+from ..dependencies import ServicesDep
 from ..errors import ApiError, responses
 from ..slots import EngineView
 
@@ -52,7 +52,7 @@ class SlotTable(BaseModel):
 
 
 @router.get("", response_model=SlotTable, responses=responses(503))
-async def slot_table(svc: Services = Depends(services)) -> SlotTable:
+async def slot_table(svc: ServicesDep) -> SlotTable:
     view = svc.slots.view()
     if view is None:
         raise ApiError(503, "no_engine", f"no engine attached ({svc.slots.link.problem})")

@@ -11,7 +11,7 @@ from pydantic import BaseModel, Field
 from hotwire.shared.mailbox import ANY_LAYER
 
 from ..catalog import VectorRecord
-from ..dependencies import Services, require_writer, services
+from ..dependencies import ServicesDep, require_writer
 from ..errors import ApiError, responses
 from ..slots import EngineView, ResidencyState, SlotManager
 from ..uploads import OPENAPI_BODY, read_upload
@@ -61,8 +61,7 @@ def vector_info(record: VectorRecord, slots: SlotManager, view: EngineView | Non
              dependencies=[Depends(require_writer)],
              responses={200: {"model": VectorInfo, "description": "replaced"},
                         **responses(401, 409, 413, 415, 422, 503, 507)})
-async def register_vector(request: Request, response: Response,
-                          svc: Services = Depends(services)) -> VectorInfo:
+async def register_vector(request: Request, response: Response, svc: ServicesDep) -> VectorInfo:
     """Register a vector (201), or replace one with ``replace=true`` (200).
 
     JSON: ``{id, data (base64), dtype, shape, layers?, pin?, metadata?, replace?}``.
@@ -77,14 +76,14 @@ async def register_vector(request: Request, response: Response,
 
 
 @router.get("", response_model=VectorList)
-async def list_vectors(svc: Services = Depends(services)) -> VectorList:
+async def list_vectors(svc: ServicesDep) -> VectorList:
     view = svc.slots.view()
     records = sorted(svc.catalog.records().values(), key=lambda r: r.id)
     return VectorList(vectors=[vector_info(r, svc.slots, view) for r in records])
 
 
 @router.get("/{vector_id}", response_model=VectorInfo, responses=responses(404))
-async def get_vector(vector_id: str, svc: Services = Depends(services)) -> VectorInfo:
+async def get_vector(vector_id: str, svc: ServicesDep) -> VectorInfo:
     record = svc.catalog.get(vector_id)
     if record is None:
         raise ApiError(404, "not_found", f"no vector {vector_id!r}")
@@ -93,7 +92,7 @@ async def get_vector(vector_id: str, svc: Services = Depends(services)) -> Vecto
 
 @router.delete("/{vector_id}", status_code=204, response_class=Response,
                dependencies=[Depends(require_writer)], responses=responses(401, 404, 409))
-async def delete_vector(vector_id: str, svc: Services = Depends(services)) -> Response:
+async def delete_vector(vector_id: str, svc: ServicesDep) -> Response:
     """Retire the vector's slots and drop it from the catalog (pinned vectors too)."""
     await svc.slots.remove(vector_id)
     return Response(status_code=204)
