@@ -49,6 +49,8 @@ class SyncWatch:
 
 
 class EngineLink:
+    """``box`` is the attached mailbox, or ``None`` with ``problem`` saying why."""
+
     def __init__(self, path: Path):
         self.path = path
         self.box: ControlMailbox | None = None

@@ -28,8 +28,9 @@ VLLM_PORT_DEFAULT = 8000
 
 
 def _control_routes() -> set[tuple[str, str]]:
+    """``(METHOD, path)`` the control API serves, from its OpenAPI document."""
     app = create_app(Settings())  # building the app opens nothing; the lifespan does
-    return {(m, r.path) for r in app.routes for m in getattr(r, "methods", ())}
+    return {(method.upper(), path) for path, ops in app.openapi()["paths"].items() for method in ops}
 
 
 CONTROL_ROUTES = _control_routes()
