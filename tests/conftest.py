@@ -74,7 +74,8 @@ def vectors_dir(tmp_path_factory, vectors) -> Path:
 
 def engine_env(tmp: Path, **extra: str) -> dict[str, str]:
     """A private environment for one engine process: caches, temp files, mailbox."""
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("HOTWIRE_", "VLLM_"))}
+    env = {k: v for k, v in os.environ.items()
+           if not k.startswith("HOTWIRE_") and k not in ("VLLM_PLUGINS", "VLLM_USE_V2_MODEL_RUNNER")}
     for sub in ("vllm-cache", "inductor", "tmp"):
         (tmp / sub).mkdir(parents=True, exist_ok=True)
     env.update(

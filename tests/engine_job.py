@@ -15,7 +15,7 @@ Job::
 Each round is one ``llm.generate`` call (one batch). Output::
 
     {"rounds": [[{"tokens": [...], "logprobs": [...]}, ...]], "hotwire": bool,
-     "counters": {...}, "graph_counts": [{"compiles": n, "captures": n} after warm-up, after rounds]}
+     "counters": {...}, "graph_counts": [{"compiles": n, "captures": n} after warm-up, after each round]}
 """
 
 from __future__ import annotations
@@ -78,8 +78,8 @@ def main(job_path: str, out_path: str) -> None:
             lps = [lp[t].logprob for lp, t in zip(c.logprobs, c.token_ids)] if c.logprobs else None
             rows.append({"tokens": list(c.token_ids), "logprobs": lps})
         rounds.append(rows)
-    if snapshot:
-        graphs.append(snapshot())
+        if snapshot:
+            graphs.append(snapshot())
 
     counters = {}
     box = os.environ.get("HOTWIRE_MAILBOX")
