@@ -116,6 +116,11 @@ def main() -> None:
     if not args.no_eager:
         engines["eager"] = _engine(model, plugin=True, eager=True, mailbox=str(work / "c.mbx"), max_seqs=max_seqs, mem=0.25)
     startup_s = time.time() - t0
+    # Only an armed engine creates its mailbox: proof of which engines carry the plugin.
+    armed = {name: (work / f"{m}.mbx").exists() for name, m in (("plugin_free", "a"), ("hotwire", "b"), ("eager", "c"))
+             if name in engines}
+    if armed != {name: name != "plugin_free" for name in armed}:
+        raise SystemExit(f"plugin not where expected: {armed}")
 
     n_layers = shape["num_hidden_layers"]
     conds = [("plugin_free", "plugin_free", False), ("idle", "hotwire", False), ("steered", "hotwire", True)]
