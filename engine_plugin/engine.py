@@ -8,6 +8,7 @@ vLLM calls (through :mod:`.hooks`):
 
 from __future__ import annotations
 
+import contextlib
 import logging
 from typing import Any
 
@@ -120,9 +121,9 @@ class Steerer:
         except OSError as e:
             log.error("hotwire: cannot create mailbox %s (%s); runtime registration is off", path, e)
             return None
-        box.set_armed(armed)
         for slot, vector_id, layer, row in loaded:
             box.publish_startup(slot, vector_id, layer, row)
+        box.set_armed(armed)  # last: the control API writes nothing before it sees armed layers
         counters.mailbox = box
         sync = MailboxSync(box, bank, registry, counters)
         sync.start()
@@ -137,11 +138,14 @@ class Steerer:
             self._admit(new, finished)
             return
         with self.sync.lock:
-            self.sync.apply()
+            if not self.sync.paused:
+                self.sync.apply()
             if self._admit(new, finished):
                 self.sync.publish_refs()
-        if scheduler_output.total_num_scheduled_tokens and not self.sync.serving.is_set():
-            self.sync.serving.set()
+
+    def capturing(self):
+        """Context for CUDA-graph capture: no bank writes from any thread meanwhile."""
+        return self.sync.pause() if self.sync is not None else contextlib.nullcontext()
 
     def _admit(self, new: list, finished: set) -> bool:
         if not (new or finished):

@@ -9,6 +9,7 @@ vLLM version string.
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import importlib.abc
 import importlib.util
@@ -57,7 +58,13 @@ def _after_v2_prepare(runner: Any, batch: Any, args: tuple, kwargs: dict) -> Non
         st.on_batch(batch.req_ids, batch.num_scheduled_tokens)
 
 
-def _wrap(cls: type, name: str, *, before: Callable | None = None, after: Callable | None = None) -> bool:
+def _capturing(runner: Any) -> contextlib.AbstractContextManager:
+    st = _steerer(runner)
+    return st.capturing() if st is not None else contextlib.nullcontext()
+
+
+def _wrap(cls: type, name: str, *, before: Callable | None = None, after: Callable | None = None,
+          around: Callable[[Any], contextlib.AbstractContextManager] | None = None) -> bool:
     """Wrap ``cls.name`` (defined on ``cls`` itself) once; False when the class has no such method."""
     fn = cls.__dict__.get(name)
     if fn is None or getattr(fn, "__hotwire__", False):
@@ -67,7 +74,8 @@ def _wrap(cls: type, name: str, *, before: Callable | None = None, after: Callab
     def wrapper(self, *args, **kwargs):
         if before is not None:
             before(self, args, kwargs)
-        result = fn(self, *args, **kwargs)
+        with around(self) if around is not None else contextlib.nullcontext():
+            result = fn(self, *args, **kwargs)
         if after is not None:
             after(self, result, args, kwargs)
         return result
@@ -82,6 +90,7 @@ def _patch_v1(module: ModuleType) -> None:
     ok = (_wrap(cls, "load_model", after=_after_load)
           & _wrap(cls, "execute_model", before=_before_execute)
           & _wrap(cls, "_prepare_inputs", after=_after_v1_prepare))
+    _wrap(cls, "capture_model", around=_capturing)
     if not ok:
         log.error("hotwire: V1 GPUModelRunner lacks load_model/execute_model/_prepare_inputs; not armed")
 
@@ -91,6 +100,7 @@ def _patch_v2(module: ModuleType) -> None:
     ok = (_wrap(cls, "load_model", after=_after_load)
           & _wrap(cls, "execute_model", before=_before_execute)
           & _wrap(cls, "prepare_inputs", after=_after_v2_prepare))
+    _wrap(cls, "capture_model", around=_capturing)
     if not ok:
         log.error("hotwire: V2 GPUModelRunner lacks load_model/execute_model/prepare_inputs; not armed")
 

@@ -2,14 +2,16 @@
 
 The runner thread applies pending changes at every step boundary, before new requests are
 resolved, so a request sent after a registration returned sees the vector. A daemon thread
-keeps the heartbeat and applies changes while the engine is idle (after the first real step,
-never during CUDA-graph capture). Both take one lock. Bank rows are written on the current
+keeps the heartbeat and applies changes while the engine is idle. Both take one lock, which
+the runner holds through CUDA-graph capture (:meth:`MailboxSync.pause`): no copy into the
+bank is ever enqueued, or captured, while graphs are being recorded. Bank rows are written on the current
 stream; a slot the control API rewrites is by protocol unreferenced (invariant 6), and the
 binding that makes it reachable is made only after its row copy is enqueued.
 """
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import threading
 
@@ -36,7 +38,7 @@ class MailboxSync:
     def __init__(self, box: EngineMailbox, bank: torch.Tensor, registry: Registry, counters: Counters):
         self.box, self.bank, self.registry, self.counters = box, bank, registry, counters
         self.lock = threading.RLock()
-        self.serving = threading.Event()  # set after the first real step: GPU work allowed off-thread
+        self.paused = False  # True while the runner captures CUDA graphs (lock held)
         self._stop = threading.Event()
         self._done = -1  # target generation fully applied; skip the scan while it is unchanged
         self._thread = threading.Thread(target=self._beat, name="hotwire-mailbox", daemon=True)
@@ -46,6 +48,15 @@ class MailboxSync:
 
     def stop(self) -> None:
         self._stop.set()
+
+    @contextlib.contextmanager
+    def pause(self):
+        with self.lock:
+            self.paused = True
+            try:
+                yield
+            finally:
+                self.paused = False
 
     @torch.inference_mode()
     def apply(self) -> None:
@@ -77,9 +88,8 @@ class MailboxSync:
     def _beat(self) -> None:
         while not self._stop.wait(HEARTBEAT_S):
             try:
-                if self.serving.is_set():
-                    self.apply()
                 with self.lock:
+                    self.apply()
                     self.box.beat()
             except (MailboxError, ValueError, RuntimeError) as e:
                 log.error("hotwire: mailbox thread stopped: %s", e)

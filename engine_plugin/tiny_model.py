@@ -76,7 +76,7 @@ def build_tiny(path: str | Path, *, arch: str = "qwen3", hidden: int = 128, laye
     return path
 
 
-def write_config(path: str | Path, shape: str, dtype: str = "bfloat16") -> Path:
+def write_config(path: str | Path, shape: str, dtype: str = "bfloat16", **overrides) -> Path:
     """Only ``config.json`` of a Qwen3 shape, for ``LLM(..., load_format="dummy")`` on a GPU box."""
     path = Path(path)
     path.mkdir(parents=True, exist_ok=True)
@@ -85,7 +85,7 @@ def write_config(path: str | Path, shape: str, dtype: str = "bfloat16") -> Path:
         "head_dim": 128, "hidden_act": "silu", "max_position_embeddings": 40960,
         "rms_norm_eps": 1e-6, "rope_theta": 1000000, "torch_dtype": dtype,
         "bos_token_id": 151643, "eos_token_id": 151645, "attention_bias": False,
-        **QWEN3_SHAPES[shape],
+        **QWEN3_SHAPES[shape], **overrides,
     }
     (path / "config.json").write_text(json.dumps(cfg, indent=1))
     return path
