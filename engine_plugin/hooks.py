@@ -85,24 +85,16 @@ def _wrap(cls: type, name: str, *, before: Callable | None = None, after: Callab
     return True
 
 
-def _patch_v1(module: ModuleType) -> None:
-    cls = module.GPUModelRunner
+def _patch_runner(cls: type, prepare: str, after_prepare: Callable) -> None:
+    """Arm a model runner class: tables after load, requests per step, routing once the batch
+    is settled, and the mailbox paused through graph capture."""
     ok = (_wrap(cls, "load_model", after=_after_load)
           & _wrap(cls, "execute_model", before=_before_execute)
-          & _wrap(cls, "_prepare_inputs", after=_after_v1_prepare))
+          & _wrap(cls, prepare, after=after_prepare))
     _wrap(cls, "capture_model", around=_capturing)
     if not ok:
-        log.error("hotwire: V1 GPUModelRunner lacks load_model/execute_model/_prepare_inputs; not armed")
-
-
-def _patch_v2(module: ModuleType) -> None:
-    cls = module.GPUModelRunner
-    ok = (_wrap(cls, "load_model", after=_after_load)
-          & _wrap(cls, "execute_model", before=_before_execute)
-          & _wrap(cls, "prepare_inputs", after=_after_v2_prepare))
-    _wrap(cls, "capture_model", around=_capturing)
-    if not ok:
-        log.error("hotwire: V2 GPUModelRunner lacks load_model/execute_model/prepare_inputs; not armed")
+        log.error("hotwire: %s.%s lacks load_model/execute_model/%s; steering is off",
+                  cls.__module__, cls.__name__, prepare)
 
 
 def _patch_cpu(module: ModuleType) -> None:
@@ -111,8 +103,10 @@ def _patch_cpu(module: ModuleType) -> None:
 
 
 TARGETS: dict[str, Callable[[ModuleType], None]] = {
-    "vllm.v1.worker.gpu_model_runner": _patch_v1,
-    "vllm.v1.worker.gpu.model_runner": _patch_v2,
+    "vllm.v1.worker.gpu_model_runner":
+        lambda m: _patch_runner(m.GPUModelRunner, "_prepare_inputs", _after_v1_prepare),
+    "vllm.v1.worker.gpu.model_runner":
+        lambda m: _patch_runner(m.GPUModelRunner, "prepare_inputs", _after_v2_prepare),
     "vllm.v1.worker.cpu_model_runner": _patch_cpu,
     "vllm.v1.request": salts.patch_request,
     "vllm.config.vllm": salts.patch_config_hash,

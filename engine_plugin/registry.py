@@ -39,13 +39,18 @@ class Registry:
         slot = self._where.get((vector_id, layer))
         return self._where.get((vector_id, ANY_LAYER)) if slot is None else slot
 
-    def hold(self, slots: np.ndarray) -> None:
-        np.add.at(self.inflight, slots, 1)
-        self.last_used_ns[slots] = time.time_ns()
+    def hold(self, slots: tuple[int, ...]) -> None:
+        """One more in-flight request on each of ``slots`` (distinct, at most a few)."""
+        now = time.time_ns()
+        for s in slots:
+            self.inflight[s] += 1
+            self.last_used_ns[s] = now
 
-    def release(self, slots: np.ndarray) -> None:
-        np.subtract.at(self.inflight, slots, 1)
-        self.last_used_ns[slots] = time.time_ns()
+    def release(self, slots: tuple[int, ...]) -> None:
+        now = time.time_ns()
+        for s in slots:
+            self.inflight[s] -= 1
+            self.last_used_ns[s] = now
 
     def bound(self) -> dict[tuple[str, int], int]:
         return dict(self._where)

@@ -25,7 +25,7 @@ from .steering import ArmedModel
 @dataclass
 class _Steered:
     row: int
-    slots: np.ndarray  # distinct mailbox slots this request holds a reference on
+    slots: tuple[int, ...]  # distinct mailbox slots this request holds a reference on
 
 
 class Router:
@@ -33,6 +33,9 @@ class Router:
         self.armed, self.registry, self.counters = armed, registry, counters
         self.tables = armed.tables
         self.entries = self.tables.route.shape[2]
+        self._ids: list[str] = []  # the last step's batch, to skip unchanged decode steps
+        self._counts = np.zeros(0, dtype=np.int32)
+        self._dirty = False  # a request's row changed since the last route()
         self.active: dict[str, _Steered] = {}
         self._free = list(range(requests, 0, -1))  # request row 0 is the null row
         self._staged: list[tuple[int, np.ndarray, np.ndarray]] = []
@@ -57,6 +60,7 @@ class Router:
             return
         row = self._free.pop()
         self.active[req_id] = _Steered(row, slots)
+        self._dirty = True
         self.registry.hold(slots)
         self._staged.append((row, route, coef))
         self.counters.add("steered_requests")
@@ -67,6 +71,7 @@ class Router:
             if st is not None:
                 self.registry.release(st.slots)
                 self._free.append(st.row)
+                self._dirty = True
 
     def _resolve(self, entries: tuple[SteerEntry, ...], prompt_len: int):
         n_armed = len(self.armed.layers)
@@ -89,7 +94,7 @@ class Router:
             coef[i, k] = e.scale
             used[i] += 1
             slots.append(slot)
-        return route, coef, np.unique(np.asarray(slots, dtype=np.int64))
+        return route, coef, tuple(set(slots))
 
     def commit(self) -> None:
         """Write the rows of requests admitted since the last commit, in one copy per table."""
@@ -99,15 +104,19 @@ class Router:
         self._staged.clear()
         dev = self.tables.route.device
         idx = torch.tensor(rows, dtype=torch.long, device=dev)
-        self.tables.route[:, idx] = torch.from_numpy(np.stack(route, 1)).to(dev, non_blocking=True)
-        self.tables.coef[:, idx] = torch.from_numpy(np.stack(coef, 1)).to(dev, non_blocking=True)
+        self.tables.route.index_copy_(0, idx, torch.from_numpy(np.stack(route)).to(dev, non_blocking=True))
+        self.tables.coef.index_copy_(0, idx, torch.from_numpy(np.stack(coef)).to(dev, non_blocking=True))
 
     # -- per step -----------------------------------------------------------------------------
     def route(self, req_ids: Sequence[str], num_tokens: np.ndarray) -> None:
         """Point each token of this step at its request's row (0 for unsteered requests).
 
         Must run after vLLM has settled the batch for the step (order, adds, removals).
+        A decode step of an unchanged batch costs two comparisons and nothing else.
         """
+        if not self._dirty and req_ids == self._ids and np.array_equal(num_tokens, self._counts):
+            return
+        self._ids, self._counts, self._dirty = list(req_ids), np.array(num_tokens), False
         if self.active:
             get = self.active.get
             rows = np.fromiter(((s.row if (s := get(r)) else 0) for r in req_ids), np.int32, len(req_ids))

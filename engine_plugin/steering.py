@@ -2,7 +2,7 @@
 
 At the end of armed layer ``L`` every token ``t`` of request ``r`` gets
 
-    h_L[t] += sum_k  coef[L, r, k] * bank[slot[L, r, k]]     for k with lo <= pos[t] < hi
+    h_L[t] += sum_k  coef[r, L, k] * bank[slot[r, L, k]]     for k with lo <= pos[t] < hi
 
 on the residual stream. The op is plain tensor code inside the layer's forward, so
 torch.compile traces it and inductor fuses it into the neighbouring elementwise/norm kernel:
@@ -31,8 +31,10 @@ class SteeringTables(nn.Module):
     Shapes (S slots, H hidden, A armed layers, R request rows, K entries, N max tokens)::
 
         bank    [S+1, H]      model dtype   row 0 = zeros
-        route   [A, R+1, K, 3] int32        (bank row, lo, hi) per entry; request row 0 = null
-        coef    [A, R+1, K]   float32       scale per entry
+        route   [R+1, A, K, 3] int32        (bank row, lo, hi) per entry; request row 0 = null
+        coef    [R+1, A, K]   float32       scale per entry
+
+    Request-major, so admitting requests is one ``index_copy_`` of whole rows.
         tok_row [N]           int32         request row of each token of the current step
     """
 
@@ -41,9 +43,9 @@ class SteeringTables(nn.Module):
         super().__init__()
         kw = dict(device=device)
         self.register_buffer("bank", torch.zeros(slots + 1, hidden, dtype=dtype, **kw), persistent=False)
-        self.register_buffer("route", torch.zeros(armed, requests + 1, entries, 3, dtype=torch.int32, **kw),
+        self.register_buffer("route", torch.zeros(requests + 1, armed, entries, 3, dtype=torch.int32, **kw),
                              persistent=False)
-        self.register_buffer("coef", torch.zeros(armed, requests + 1, entries, dtype=torch.float32, **kw),
+        self.register_buffer("coef", torch.zeros(requests + 1, armed, entries, dtype=torch.float32, **kw),
                              persistent=False)
         self.register_buffer("tok_row", torch.zeros(max_tokens, dtype=torch.int32, **kw), persistent=False)
 
@@ -57,10 +59,10 @@ class SteeringTables(nn.Module):
             positions = positions[0]
         n = x.shape[0]
         row = self.tok_row[:n]                                      # [T]
-        route = self.route[i][row]                                  # [T, K, 3]
+        route = self.route[row, i]                                  # [T, K, 3]
         pos = positions[:n, None]                                   # [T, 1]
         on = (pos >= route[..., 1]) & (pos < route[..., 2])         # [T, K]
-        w = torch.where(on, self.coef[i][row], 0.0)                 # [T, K]
+        w = torch.where(on, self.coef[row, i], 0.0)                 # [T, K]
         v = self.bank[route[..., 0]].float()                        # [T, K, H]
         delta = (w[..., None] * v).sum(1)                           # [T, H]
         return torch.where(on.any(-1, keepdim=True), (x.float() + delta).to(x.dtype), x)

@@ -54,8 +54,8 @@ def test_admit_writes_one_request_row_and_holds_its_slots(rig):
                              {"id": "v", "layer": 3, "scale": -1.0}), prompt_len=5)
     router.commit()
     row = router.active["r1"].row
-    assert tables.route[1, row, 0].tolist() == [1, 0, 5] and tables.coef[1, row].tolist() == [2.0, -1.0]
-    assert tables.route[0, row].abs().sum() == 0  # layer 1 untouched
+    assert tables.route[row, 1, 0].tolist() == [1, 0, 5] and tables.coef[row, 1].tolist() == [2.0, -1.0]
+    assert tables.route[row, 0].abs().sum() == 0  # layer 1 untouched
     assert registry.inflight[0] == 1 and counters.counts["steered_requests"] == 1
     router.finish(["r1"])
     assert registry.inflight[0] == 0 and "r1" not in router.active

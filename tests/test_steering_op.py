@@ -28,9 +28,9 @@ def test_unsteered_tokens_are_returned_bit_for_bit():
 def test_entries_add_scaled_rows_on_their_positions_only():
     t = _tables()
     # request row 1: layer-position 0 has two entries: bank row 3 on all positions, bank row 5 on [2, 4)
-    t.route[0, 1, 0] = torch.tensor([3, 0, 2**31 - 1], dtype=torch.int32)
-    t.route[0, 1, 1] = torch.tensor([5, 2, 4], dtype=torch.int32)
-    t.coef[0, 1] = torch.tensor([1.5, -2.0])
+    t.route[1, 0, 0] = torch.tensor([3, 0, 2**31 - 1], dtype=torch.int32)
+    t.route[1, 0, 1] = torch.tensor([5, 2, 4], dtype=torch.int32)
+    t.coef[1, 0] = torch.tensor([1.5, -2.0])
     t.tok_row[:6] = torch.tensor([0, 1, 1, 1, 1, 0], dtype=torch.int32)  # tokens 1-4 belong to request row 1
     x, pos = torch.randn(6, H), torch.tensor([9, 0, 1, 2, 3, 4])
     out = t(x, pos, 0)
@@ -46,8 +46,8 @@ def test_entries_add_scaled_rows_on_their_positions_only():
 
 def test_mrope_positions_use_the_first_row():
     t = _tables()
-    t.route[0, 1, 0] = torch.tensor([2, 3, 4], dtype=torch.int32)
-    t.coef[0, 1, 0] = 1.0
+    t.route[1, 0, 0] = torch.tensor([2, 3, 4], dtype=torch.int32)
+    t.coef[1, 0, 0] = 1.0
     t.tok_row[:2] = 1
     x = torch.zeros(2, H)
     out = t(x, torch.tensor([[3, 4], [0, 0], [0, 0]]), 0)
@@ -80,8 +80,8 @@ def test_arm_wraps_only_chosen_layers_and_keeps_names():
     assert armed.layers == (2,) and armed.position(2) == 0 and armed.position(0) is None
     assert [n for n, _ in model.named_parameters()] == names
     assert isinstance(model.layers[2], QwenishDecoderLayer) and type(model.layers[0]) is QwenishDecoderLayer
-    t.route[0, 1, 0] = torch.tensor([1, 0, 2**31 - 1], dtype=torch.int32)
-    t.coef[0, 1, 0] = 2.0
+    t.route[1, 0, 0] = torch.tensor([1, 0, 2**31 - 1], dtype=torch.int32)
+    t.coef[1, 0, 0] = 2.0
     t.tok_row[:3] = 1
     x, pos = torch.randn(3, H), torch.arange(3)
     h, r = model.layers[2](pos, x, None)

@@ -1,0 +1,105 @@
+"""Host work hotwire adds per engine step, at batch 256 with 256 distinct steered requests.
+
+Times the plugin's own host code paths with the real Router/Registry/tables (on CUDA when
+available, else CPU), outside vLLM so nothing else is in the numbers:
+
+* ``admit``        per arriving request: parse, resolve, stage its routing row (once per request)
+* ``commit``       per step with arrivals: one batched write of the staged rows
+* ``route_steady`` per decode step of an unchanged batch (the common case: no copy at all)
+* ``route_churn``  per step when the batch changed (one request swapped): rebuild + one H2D copy
+* ``idle``         per step with no steered request in flight
+
+    python benchmarks/host_overhead.py --out benchmarks/results/host-overhead.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import platform
+import statistics
+import time
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from hotwire.engine_plugin.counters import Counters
+from hotwire.engine_plugin.registry import Registry
+from hotwire.engine_plugin.routing import Router
+from hotwire.engine_plugin.steering import ArmedModel, SteeringTables
+from hotwire.shared.mailbox import ANY_LAYER
+
+BATCH, LAYERS, HIDDEN = 256, 36, 2560  # Qwen3 4B shape
+
+
+def _timed(fn, repeat: int) -> float:
+    """Median microseconds of one call (device synchronised around each call)."""
+    sync = torch.cuda.synchronize if torch.cuda.is_available() else (lambda: None)
+    out = []
+    for _ in range(repeat):
+        sync()
+        t = time.perf_counter()
+        fn()
+        sync()
+        out.append((time.perf_counter() - t) * 1e6)
+    return statistics.median(out)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--repeat", type=int, default=200)
+    ap.add_argument("--out", type=Path)
+    args = ap.parse_args()
+
+    device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    tables = SteeringTables(slots=1024, hidden=HIDDEN, armed=LAYERS, requests=2 * BATCH, entries=4,
+                            max_tokens=8192, dtype=torch.bfloat16, device=device)
+    registry, counters = Registry(1024), Counters()
+    for s in range(BATCH):
+        registry.bind(s, f"v{s}", ANY_LAYER, gen=1)
+    router = Router(ArmedModel(tables, tuple(range(LAYERS))), registry, 2 * BATCH, counters)
+    specs = [{"hotwire": json.dumps([{"id": f"v{j}", "layer": 12, "scale": 1.0 + j / BATCH},
+                                     {"id": f"v{(j + 1) % BATCH}", "layer": 24, "scale": -0.5}])}
+             for j in range(BATCH)]
+    ids = [f"req-{j}" for j in range(BATCH)]
+    ones = np.ones(BATCH, dtype=np.int32)
+
+    def admit_all():
+        router.finish(ids)
+        for rid, extra in zip(ids, specs):
+            router.admit(rid, extra, prompt_len=32)
+
+    admit_us = _timed(admit_all, max(5, args.repeat // 20)) / BATCH
+    admit_all()
+    staged = [(1 + j, np.zeros((LAYERS, 4, 3), np.int32), np.zeros((LAYERS, 4), np.float32)) for j in range(BATCH)]
+    commit_us = _timed(lambda: (router._staged.extend(staged), router.commit()), max(5, args.repeat // 20))
+    router.route(ids, ones)
+    steady_us = _timed(lambda: router.route(ids, ones), args.repeat)
+    flip = [ids, ids[1:] + ids[:1]]  # same requests, another order: the map must be rebuilt
+    state = {"i": 0}
+
+    def churn():
+        state["i"] ^= 1
+        router.route(flip[state["i"]], ones)
+
+    churn_us = _timed(churn, args.repeat)
+    router.finish(ids)
+    router.route(ids, ones)
+    idle_us = _timed(lambda: router.route(ids, ones), args.repeat)
+
+    result = {
+        "device": torch.cuda.get_device_name(0) if device.type == "cuda" else platform.processor() or "cpu",
+        "torch": torch.__version__, "batch": BATCH, "layers": LAYERS, "entries_per_request": 2,
+        "admit_us_per_request": round(admit_us, 1), "commit_us_per_step_256_arrivals": round(commit_us, 1),
+        "route_steady_us_per_step": round(steady_us, 1), "route_churn_us_per_step": round(churn_us, 1),
+        "idle_us_per_step": round(idle_us, 1), "date": time.strftime("%Y-%m-%d"),
+    }
+    print(json.dumps(result, indent=1))
+    if args.out:
+        args.out.parent.mkdir(parents=True, exist_ok=True)
+        args.out.write_text(json.dumps(result, indent=1))
+
+
+if __name__ == "__main__":
+    main()
