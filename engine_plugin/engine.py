@@ -32,19 +32,25 @@ def _dtype_name(dtype: torch.dtype) -> str:
     return str(dtype).removeprefix("torch.")
 
 
-def _rank_info(vllm_config: Any) -> tuple[bool, int]:
-    """(this process leads its engine, data-parallel rank) — feature-detected, never version-checked."""
-    par = vllm_config.parallel_config
-    leader = True
-    try:
-        from vllm.distributed import parallel_state as ps
+def _mailbox_path(cfg: HotwireConfig, vllm_config: Any) -> str | None:
+    """This engine's mailbox, or None when runtime registration cannot be kept consistent.
 
-        if ps.model_parallel_is_initialized():
-            leader = ps.get_tp_group().rank_in_group == 0 and ps.get_pp_group().rank_in_group == 0
-    except (ImportError, AttributeError, AssertionError):
-        pass
+    With tensor or pipeline parallelism every rank needs the same vectors at the same step, and a
+    per-host mailbox read by each rank at its own step boundary cannot promise that: one rank
+    steering a request that another does not would corrupt its output. Such engines steer with
+    startup vectors only (identical on every rank). Data-parallel ranks are separate engines,
+    each with its own mailbox.
+    """
+    par = vllm_config.parallel_config
+    if par.tensor_parallel_size * par.pipeline_parallel_size > 1:
+        log.warning("hotwire: tensor/pipeline parallel engine: runtime registration (mailbox) is off; "
+                    "steering uses startup vectors (HOTWIRE_VECTORS), loaded alike on every rank")
+        return None
     dp_rank = getattr(par, "data_parallel_rank", 0) if getattr(par, "data_parallel_size", 1) > 1 else 0
-    return leader, dp_rank
+    return cfg.mailbox if dp_rank == 0 else f"{cfg.mailbox}.dp{dp_rank}"
+
+
+StartupRow = tuple[int, str, int, np.ndarray]  # (slot, vector id, layer, float32 row)
 
 
 class Steerer:
@@ -87,11 +93,11 @@ class Steerer:
 
     @staticmethod
     def _load_startup(cfg: HotwireConfig, fp: Fingerprint, armed: list[int], bank: torch.Tensor,
-                      registry: Registry) -> list[tuple[int, str, int, np.ndarray]]:
+                      registry: Registry) -> list[StartupRow]:
         """Load ``HOTWIRE_VECTORS`` into the first slots: ``[(slot, id, layer, row)]``."""
         if not cfg.vectors_dir:
             return []
-        rows: list[tuple[int, str, int, np.ndarray]] = []
+        rows: list[StartupRow] = []
         for vector_id, vec in startup.load_dir(cfg.vectors_dir, fp.shape):
             wanted = [(ANY_LAYER, vec[0])] if len(vec) == 1 else [(i, vec[i]) for i in armed]
             if len(rows) + len(wanted) > cfg.slots:
@@ -107,15 +113,12 @@ class Steerer:
         return rows
 
     @staticmethod
-    def _open_mailbox(cfg, vllm_config, fp, armed, loaded, bank, registry, counters) -> MailboxSync | None:
-        if not cfg.mailbox:
+    def _open_mailbox(cfg: HotwireConfig, vllm_config: Any, fp: Fingerprint, armed: list[int],
+                      loaded: list[StartupRow], bank: torch.Tensor, registry: Registry,
+                      counters: Counters) -> MailboxSync | None:
+        path = _mailbox_path(cfg, vllm_config) if cfg.mailbox else None
+        if path is None:
             return None
-        leader, dp_rank = _rank_info(vllm_config)
-        if not leader:
-            log.warning("hotwire: tensor/pipeline-parallel rank > 0: the mailbox is served by rank 0 "
-                        "only; this rank steers with startup vectors (HOTWIRE_VECTORS) alone")
-            return None
-        path = cfg.mailbox if dp_rank == 0 else f"{cfg.mailbox}.dp{dp_rank}"
         try:
             box = EngineMailbox.create(path, fp, cfg.slots)
         except OSError as e:
