@@ -1,0 +1,327 @@
+"""GPU kernel time per decode step: plugin-free vs idle vs all-steered (vs eager), one engine per process.
+
+Why: ``benchmarks/decode.py`` times ``llm.generate`` on the wall clock, across engine instances in
+one process; on the H200 its samples scatter by 20-30 %, far above the targets (idle/plugin-free
+<= 1.005, all-steered/idle <= 1.01). Here the number compared is what the GPU itself spends:
+the sum of the durations of the device kernels recorded by ``torch.profiler`` (CUPTI) per decode
+step, which host noise does not reach. Wall time per step is recorded beside it, for reference.
+
+How:
+* Each condition runs in its own process (this file re-run with ``--child``), so the
+  plugin-free engine never shares a process with a patched one: ``plugin_free``
+  (``VLLM_PLUGINS=none``), ``idle`` (hotwire armed on every layer, 256 startup vectors, no
+  request steered), ``steered`` (every request its own two vectors and scales on layers n/3
+  and 2n/3, as in decode.py) and, if asked for, ``eager`` (steered with ``enforce_eager=True``:
+  what hook-style steering pays). ``VLLM_ENABLE_V1_MULTIPROCESSING=0`` keeps the engine core
+  and worker in the child, where the profiler sees them. The parent runs the processes
+  A B C A B C ... (``--repeats``) and reports medians and the median of per-repeat ratios.
+* In each process, per batch size B (32-token random prompts, ``ignore_eos``, greedy): one
+  profiled warm-up call; two unprofiled calls of N1 = 8 and N1 + S tokens (wall time); the same
+  two calls profiled. Per-step figures are (long - short) / S: the prefill step, the first
+  decode steps and the per-call overhead are identical in both calls and cancel exactly
+  (prefix caching is off and ``max_num_batched_tokens`` >= 32 B, so all prompts prefill in one
+  step and the batch then decodes in lockstep). The same difference is taken per kernel name,
+  and the names whose time differs most from plugin-free are listed: which fused kernels
+  grew, by how much, and whether the launch count per step changed.
+* Shapes: Qwen3 0.6B/4B/8B configs (``write_config``) with ``load_format="dummy"``, bf16,
+  ``TRITON_ATTN``, torch.compile and vLLM's default CUDA-graph mode (FULL graphs for uniform
+  decode batches); graphs are captured for exactly the measured batch sizes. ``--smoke`` runs
+  the tiny random model on CPU (fp32, eager) with CPU activity, where "kernel time" is the
+  ops' self CPU time: it checks the script end to end, its numbers mean nothing.
+
+CUDA graphs and CUPTI: recent CUDA reports the kernels inside graph replays as ordinary kernel
+activity. The profiler is attached only after capture (no CUPTI warm-up before capture: on some
+stacks that leaves kernel collection off for the life of the process). A device run must
+confirm this: the child refuses to report when a profile holds no device kernels, or when a
+decode step shows fewer kernels than the model has layers (replays not seen). The
+sum of kernel durations counts neither launch gaps nor overlap between streams; clocks are not
+locked, so compare conditions, not runs on different days. Host-side cost of the plugin is
+measured by ``benchmarks/host_overhead.py``.
+
+    python benchmarks/kernel_time.py --shape qwen3-0.6b --conditions plugin_free idle steered eager \\
+        --out benchmarks/results/h200-DATE-kernel-time-qwen3-0.6b.json
+    python benchmarks/kernel_time.py --smoke --out /tmp/kt-smoke.json     # CPU, end to end only
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import numpy as np
+
+PROMPT_LEN, N1, N_VECTORS = 32, 8, 256
+CONDITIONS = {  # name: (plugin loaded, enforce_eager, every request steered)
+    "plugin_free": (False, False, False),
+    "idle": (True, False, False),
+    "steered": (True, False, True),
+    "eager": (True, True, True),
+}
+
+
+# ---------------------------------------------------------------- child: one engine, one condition
+def _child(job_path: str, out: Path) -> None:
+    job = json.loads(Path(job_path).read_text())
+    plugin, eager, steered = CONDITIONS[job["condition"]]
+    import torch
+    import vllm
+    from torch.autograd import DeviceType
+    from torch.profiler import ProfilerActivity, profile
+    from vllm import LLM, SamplingParams
+
+    smoke, batches, steps = job["smoke"], job["batches"], job["steps"]
+    cfg = json.loads((Path(job["model"]) / "config.json").read_text())
+    n_layers, vocab = cfg["num_hidden_layers"], cfg["vocab_size"]
+    engine = dict(skip_tokenizer_init=True, enable_prefix_caching=False, seed=0, max_num_seqs=max(batches),
+                  max_num_batched_tokens=max(2048, max(batches) * PROMPT_LEN))
+    if smoke:
+        engine.update(dtype="float32", enforce_eager=True, kv_cache_memory_bytes=128 * 2**20, max_model_len=512)
+    else:
+        engine.update(load_format="dummy", dtype="bfloat16", attention_backend="TRITON_ATTN", enforce_eager=eager,
+                      max_model_len=1024, gpu_memory_utilization=0.5,
+                      compilation_config={"cudagraph_capture_sizes": sorted(batches)})
+    t0 = time.perf_counter()
+    llm = LLM(model=job["model"], **engine)
+    startup_s = time.perf_counter() - t0
+    mailbox = Path(os.environ["HOTWIRE_MAILBOX"])
+    if mailbox.exists() != plugin:  # only an armed engine creates its mailbox
+        raise SystemExit(f"{job['condition']}: hotwire armed={mailbox.exists()}, expected {plugin}")
+
+    device, activity = (DeviceType.CPU, ProfilerActivity.CPU) if smoke else (DeviceType.CUDA, ProfilerActivity.CUDA)
+    l1, l2 = n_layers // 3, (2 * n_layers) // 3
+
+    def call(b: int, n: int):
+        rng = np.random.default_rng(b)  # the same prompts in every process
+        prompts = [{"prompt_token_ids": rng.integers(10, vocab - 10, PROMPT_LEN).tolist()} for _ in range(b)]
+        params = []
+        for j in range(b):
+            spec = [{"id": f"v{j % N_VECTORS}", "layer": l1, "scale": 1.0 + j / b},
+                    {"id": f"v{(j + 1) % N_VECTORS}", "layer": l2, "scale": -0.5 - j / b}]
+            extra = {"hotwire": json.dumps(spec)} if steered else None
+            params.append(SamplingParams(max_tokens=n, temperature=0.0, ignore_eos=True, extra_args=extra))
+        return lambda: llm.generate(prompts, params, use_tqdm=False)
+
+    def wall(b: int, n: int) -> float:
+        run = call(b, n)
+        t = time.perf_counter()
+        run()
+        return time.perf_counter() - t
+
+    def kernels(b: int, n: int) -> dict[str, list[float]]:
+        """{name: [total us, count]} of the device kernels (CPU: ops' self time) of one call."""
+        run = call(b, n)
+        with profile(activities=[activity]) as prof:
+            run()
+        out: dict[str, list[float]] = {}
+        for e in prof.events():
+            if e.device_type != device:
+                continue
+            acc = out.setdefault(e.name, [0.0, 0])
+            acc[0] += e.self_cpu_time_total if smoke else e.time_range.elapsed_us()
+            acc[1] += 1
+        if not out:
+            raise SystemExit(f"{job['condition']}: the profile holds no {device.name} kernels (CUPTI off?)")
+        return out
+
+    rows = {}
+    for b in batches:
+        kernels(b, N1)  # warm-up: allocator, profiler start-up; discarded
+        wall_s = wall(b, N1 + steps) - wall(b, N1)
+        short, long = kernels(b, N1), kernels(b, N1 + steps)
+        by_name = {}
+        for name in short.keys() | long.keys():
+            (us1, c1), (us2, c2) = short.get(name, (0.0, 0)), long.get(name, (0.0, 0))
+            if c1 != c2 or abs(us2 - us1) > 1e-3 * steps:
+                by_name[name] = [round((us2 - us1) / steps, 3), round((c2 - c1) / steps, 2)]
+        copy = {k: v for k, v in by_name.items() if k.startswith(("Memcpy", "Memset"))}
+        kern = {k: v for k, v in by_name.items() if k not in copy}
+        launches = sum(v[1] for v in kern.values())
+        if launches < n_layers:
+            raise SystemExit(f"{job['condition']} B={b}: {launches:.1f} kernels per decode step, fewer than the "
+                             f"model's {n_layers} layers: kernels inside CUDA-graph replays are not being recorded")
+        rows[b] = {"kernel_us": round(sum(v[0] for v in kern.values()), 2), "kernels": round(launches, 2),
+                   "copy_us": round(sum(v[0] for v in copy.values()), 2), "wall_ms": round(wall_s / steps * 1e3, 4),
+                   "by_name": by_name}
+        print(f"hotwire-kt {job['condition']} B={b}: {rows[b]['kernel_us']} us kernels, "
+              f"{launches:.0f} launches, {rows[b]['wall_ms']} ms wall per step", flush=True)
+
+    counters = {}
+    if plugin:
+        from hotwire.shared.mailbox import MailboxView
+
+        counters = MailboxView.open(str(mailbox)).counters()
+        calls = 5 * sum(batches)  # requests sent: warm-up + 2 wall + 2 profiled calls per batch size
+        bad = {k: v for k, v in counters.items() if k.startswith("unsteered_") and v}
+        if bad or counters["steered_requests"] != (calls if steered else 0):
+            raise SystemExit(f"{job['condition']}: steering not as expected ({calls} requests sent): {counters}")
+    try:
+        graphs = str(llm.llm_engine.vllm_config.compilation_config.cudagraph_mode)
+    except AttributeError:
+        graphs = "unknown"
+    info = {"device": "cpu" if smoke else torch.cuda.get_device_name(0), "vllm": vllm.__version__,
+            "torch": torch.__version__, "cuda": torch.version.cuda, "cudagraph_mode": graphs}
+    out.write_text(json.dumps({"info": info, "startup_s": round(startup_s, 1), "counters": counters,
+                                            "rows": rows}))
+
+
+# ---------------------------------------------------------------- parent: alternate, summarise
+def _vectors(path: Path, hidden: int) -> None:
+    from hotwire.shared.wire import encode_safetensors
+
+    path.mkdir()
+    rng = np.random.default_rng(0)
+    for i in range(N_VECTORS):
+        (path / f"v{i}.safetensors").write_bytes(encode_safetensors(rng.standard_normal(hidden).astype(np.float32)))
+
+
+def _run_child(work: Path, tag: str, condition: str, common: dict) -> dict:
+    job, out, log = work / f"{tag}.job.json", work / f"{tag}.out.json", work / f"{tag}.log"
+    job.write_text(json.dumps({**common, "condition": condition}))
+    env = {k: v for k, v in os.environ.items() if not k.startswith("HOTWIRE_") and k != "VLLM_PLUGINS"}
+    env.update(VLLM_ENABLE_V1_MULTIPROCESSING="0", HOTWIRE_MAILBOX=str(work / f"{tag}.mbx"),
+               HOTWIRE_VECTORS=str(work / "vectors"))
+    if not CONDITIONS[condition][0]:
+        env["VLLM_PLUGINS"] = "none"  # vLLM loads no general plugin: a plugin-free engine
+    t = time.time()
+    with open(log, "w") as f:
+        cmd = [sys.executable, __file__, "--child", str(job), "--out", str(out)]
+        rc = subprocess.run(cmd, env=env, stdout=f, stderr=subprocess.STDOUT).returncode
+    if rc != 0:
+        raise SystemExit(f"{tag} failed (rc {rc}); log {log}:\n" + log.read_text()[-5000:])
+    print(f"{tag}: {time.time() - t:.0f} s", flush=True)
+    return json.loads(out.read_text())
+
+
+def _summary(samples: dict[str, list[dict]], batches: list[int], top: int) -> tuple[list[dict], list[dict]]:
+    med = statistics.median
+    rows, diffs = [], []
+    for b in batches:
+        s = {c: [r["rows"][str(b)] for r in runs] for c, runs in samples.items() if runs}
+        row = {"batch": b}
+        for c, xs in s.items():
+            k = [x["kernel_us"] for x in xs]
+            row.update({f"{c}_kernel_us": round(med(k), 2), f"{c}_kernels": med(x["kernels"] for x in xs),
+                        f"{c}_spread": round((max(k) - min(k)) / med(k), 4),
+                        f"{c}_wall_ms": round(med(x["wall_ms"] for x in xs), 4)})
+
+        def ratio(num: str, den: str, key: str) -> float | None:
+            if num not in s or den not in s:
+                return None
+            return round(med(x[key] / y[key] for x, y in zip(s[num], s[den])), 4)
+
+        row.update(idle_over_plugin_free=ratio("idle", "plugin_free", "kernel_us"),
+                   steered_over_idle=ratio("steered", "idle", "kernel_us"),
+                   wall_idle_over_plugin_free=ratio("idle", "plugin_free", "wall_ms"),
+                   wall_steered_over_idle=ratio("steered", "idle", "wall_ms"))
+        if "eager" in s:
+            row["eager_over_plugin_free"] = ratio("eager", "plugin_free", "kernel_us")
+        rows.append(row)
+        if "plugin_free" not in s:
+            continue
+        names = {c: {} for c in s}
+        for c, xs in s.items():  # median over repeats per kernel name (absent = 0)
+            for name in {n for x in xs for n in x["by_name"]}:
+                vals = [x["by_name"].get(name, [0.0, 0.0]) for x in xs]
+                names[c][name] = [round(med(v[0] for v in vals), 3), med(v[1] for v in vals)]
+        for c in ("idle", "steered"):
+            if c not in s:
+                continue
+            base, cur = names["plugin_free"], names[c]
+            delta = {n: cur.get(n, [0, 0])[0] - base.get(n, [0, 0])[0] for n in base.keys() | cur.keys()}
+            for n in sorted(delta, key=lambda n: -abs(delta[n]))[:top]:
+                diffs.append({"batch": b, "condition": c, "kernel": n, "plugin_free_us": base.get(n, [0, 0])[0],
+                              "us": cur.get(n, [0, 0])[0], "delta_us": round(delta[n], 3),
+                              "calls": f"{base.get(n, [0, 0])[1]:g} -> {cur.get(n, [0, 0])[1]:g}"})
+    return rows, diffs
+
+
+def _markdown(rows: list[dict], diffs: list[dict], conds: list[str]) -> str:
+    f = lambda v: "-" if v is None else f"{v:g}"  # noqa: E731
+    head = ["batch"] + [f"{c} us" for c in conds] + ["idle/pf", "steered/idle"] + \
+           (["eager/pf"] if "eager" in conds else []) + ["launches " + "/".join(conds), "max (max-min)/median"] + \
+           [f"wall {c} ms" for c in conds] + ["wall idle/pf", "wall steered/idle"]
+    out = ["kernel time per decode step (sum of device kernel durations), median over repeats", "",
+           "| " + " | ".join(head) + " |", "|" + " --- |" * len(head)]
+    for r in rows:
+        cells = [str(r["batch"])] + [f(r.get(f"{c}_kernel_us")) for c in conds] + \
+                [f(r["idle_over_plugin_free"]), f(r["steered_over_idle"])] + \
+                ([f(r["eager_over_plugin_free"])] if "eager" in conds else []) + \
+                ["/".join(f(r.get(f"{c}_kernels")) for c in conds),
+                 f"{100 * max(r[f'{c}_spread'] for c in conds):.2f} %"] + \
+                [f(r.get(f"{c}_wall_ms")) for c in conds] + \
+                [f(r["wall_idle_over_plugin_free"]), f(r["wall_steered_over_idle"])]
+        out.append("| " + " | ".join(cells) + " |")
+    out += ["", "kernels whose time per step differs most from plugin-free (us per step)", "",
+            "| batch | condition | kernel | plugin-free | condition | delta | calls/step |",
+            "| --- | --- | --- | --- | --- | --- | --- |"]
+    for d in diffs:
+        name = d["kernel"] if len(d["kernel"]) <= 90 else d["kernel"][:87] + "..."
+        out.append(f"| {d['batch']} | {d['condition']} | `{name}` | {d['plugin_free_us']:g} | {d['us']:g} | "
+                   f"{d['delta_us']:+g} | {d['calls']} |")
+    return "\n".join(out)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--shape", default="qwen3-0.6b", help="qwen3-0.6b | qwen3-4b | qwen3-8b (ignored with --smoke)")
+    ap.add_argument("--conditions", nargs="+", default=["plugin_free", "idle", "steered"], choices=list(CONDITIONS))
+    ap.add_argument("--batches", type=int, nargs="+", help="default 1 8 64 256 (smoke: 1 4)")
+    ap.add_argument("--steps", type=int, help="decode steps S in the difference (default 128; smoke: 8)")
+    ap.add_argument("--repeats", type=int, default=2, help="processes per condition, run A B C A B C ...")
+    ap.add_argument("--top", type=int, default=8, help="kernels listed per batch size and condition")
+    ap.add_argument("--smoke", action="store_true", help="tiny model on CPU: checks the script, numbers mean nothing")
+    ap.add_argument("--out", type=Path, required=True)
+    ap.add_argument("--child", help=argparse.SUPPRESS)
+    args = ap.parse_args()
+    if args.child:
+        return _child(args.child, args.out)
+
+    import torch
+
+    if not args.smoke and not torch.cuda.is_available():
+        raise SystemExit("no CUDA device: use --smoke to check the script on CPU")
+    batches = args.batches or ([1, 4] if args.smoke else [1, 8, 64, 256])
+    steps = args.steps or (8 if args.smoke else 128)
+    work = Path(tempfile.mkdtemp(prefix="hotwire-kt-"))
+    if args.smoke:
+        from hotwire.engine_plugin.tiny_model import build_tiny
+
+        model, shape = build_tiny(work / "tiny-qwen3", hidden=128, layers=4), "tiny"
+    else:
+        from hotwire.engine_plugin.tiny_model import write_config
+
+        model, shape = write_config(work / args.shape, args.shape), args.shape
+    config = json.loads((model / "config.json").read_text())
+    _vectors(work / "vectors", config["hidden_size"])
+    common = {"model": str(model), "smoke": args.smoke, "batches": batches, "steps": steps}
+    print(f"work dir (child logs): {work}", flush=True)
+
+    result = {"shape": shape, "config": {k: config[k] for k in ("hidden_size", "num_hidden_layers", "vocab_size")},
+              "dtype": "float32" if args.smoke else "bfloat16", "date": time.strftime("%Y-%m-%d %H:%M"),
+              "host": platform.node(), "command": " ".join([Path(sys.executable).name] + sys.argv),
+              "batches": batches, "decode_steps": steps, "prompt_len": PROMPT_LEN, "repeats": args.repeats,
+              "samples": {c: [] for c in args.conditions}}
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    for r in range(args.repeats):
+        for c in args.conditions:
+            sample = _run_child(work, f"r{r}-{c}", c, common)
+            result.setdefault("info", sample["info"])
+            result["samples"][c].append(sample)
+            args.out.write_text(json.dumps(result, indent=1))  # partial results survive a time-out
+    rows, diffs = _summary(result["samples"], batches, args.top)
+    result.update(rows=rows, top_kernels=diffs)
+    args.out.write_text(json.dumps(result, indent=1))
+    print(f"\n{shape}, {result['info']}, {args.repeats} processes per condition, S={steps} steps\n")
+    print(_markdown(rows, diffs, args.conditions))
+
+
+if __name__ == "__main__":
+    main()
