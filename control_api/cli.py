@@ -17,6 +17,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "vectors": ("hotwire.control_api.vectors_cli", "push, list and remove steering vectors"),
     "slots": ("hotwire.control_api.slots_cli", "show the engine's slot table"),
     "demo": ("hotwire.engine_plugin.demo", "steered vs unsteered completion on a tiny model, end to end"),
+    "verify": ("hotwire.engine_plugin.verify", "check steering, batchmate exactness and cost on a model"),
 }
 
 
@@ -36,3 +37,7 @@ def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     args = build_parser(argv).parse_args(argv)
     return args.run(args)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

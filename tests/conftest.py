@@ -11,7 +11,6 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-HERE = Path(__file__).parent
 HIDDEN, LAYERS = 128, 4
 
 
@@ -95,11 +94,11 @@ CPU_ENGINE = dict(enforce_eager=True, dtype="float32", kv_cache_memory_bytes=128
 
 
 def run_engine(tmp: Path, job: dict, env: dict[str, str], timeout: int = 900) -> dict:
-    """Run ``tests/engine_job.py`` in a fresh process; return its JSON plus its log."""
+    """Run :mod:`hotwire.engine_plugin.jobs` in a fresh process; return its JSON plus its log."""
     tmp.mkdir(parents=True, exist_ok=True)
     job_path, out_path = tmp / "job.json", tmp / "out.json"
     job_path.write_text(json.dumps(job))
-    proc = subprocess.run([sys.executable, str(HERE / "engine_job.py"), str(job_path), str(out_path)],
+    proc = subprocess.run([sys.executable, "-m", "hotwire.engine_plugin.jobs", str(job_path), str(out_path)],
                           env=env, capture_output=True, text=True, timeout=timeout)
     log = proc.stdout + proc.stderr
     if proc.returncode != 0:

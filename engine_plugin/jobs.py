@@ -1,21 +1,27 @@
 """Run one real vLLM engine over a JSON job, in its own process; write the results as JSON.
 
 Each engine runs in a fresh process because the plugin patches vLLM's classes process-wide:
-a plugin-free reference run must never share a process with a steered one.
+a plugin-free reference run must never share a process with a steered one. Used by the tests,
+``hotwire verify`` and the benchmarks.
 
-    python tests/engine_job.py JOB.json OUT.json
+    python -m hotwire.engine_plugin.jobs JOB.json OUT.json
 
 Job::
 
     {"model": PATH, "engine": {LLM kwargs}, "plugin": true,
      "rounds": [[{"prompt": "..." | "prompt_token_ids": [...], "max_tokens": 8,
                   "spec": <hotwire spec or null>, "logprobs": 0}, ...], ...],
-     "graph_counts": false}
+     "graph_counts": false,
+     "timing": {"batch": 8, "steps": 64, "rounds": 3, "vocab": 1000, "spec": <spec for every request>}}
 
 Each round is one ``llm.generate`` call (one batch). Output::
 
     {"rounds": [[{"tokens": [...], "logprobs": [...]}, ...]], "hotwire": bool,
-     "counters": {...}, "graph_counts": [{"compiles": n, "captures": n} after warm-up, after each round]}
+     "counters": {...}, "graph_counts": [{"compiles": n, "captures": n} after warm-up, after each round],
+     "timing": {"idle_ms": [...], "steered_ms": [...]}}
+
+``timing`` measures decode step time in this one engine, idle and steered rounds alternating:
+(t(8 + steps tokens) - t(8 tokens)) / steps for one batch.
 """
 
 from __future__ import annotations
@@ -68,18 +74,21 @@ def main(job_path: str, out_path: str) -> None:
             return {"prompt_token_ids": req["prompt_token_ids"]}
         return req["prompt"]
 
+    def generate(batch):
+        return llm.generate([prompt(r) for r in batch], [params(r) for r in batch], use_tqdm=False)
+
     graphs = [snapshot()] if snapshot else []
     rounds = []
-    for batch in job["rounds"]:
-        outs = llm.generate([prompt(r) for r in batch], [params(r) for r in batch], use_tqdm=False)
+    for batch in job.get("rounds", []):
         rows = []
-        for o in outs:
+        for o in generate(batch):
             c = o.outputs[0]
             lps = [lp[t].logprob for lp, t in zip(c.logprobs, c.token_ids)] if c.logprobs else None
             rows.append({"tokens": list(c.token_ids), "logprobs": lps})
         rounds.append(rows)
         if snapshot:
             graphs.append(snapshot())
+    timing = _timing(generate, job["timing"]) if job.get("timing") else None
 
     counters = {}
     box = os.environ.get("HOTWIRE_MAILBOX")
@@ -87,8 +96,33 @@ def main(job_path: str, out_path: str) -> None:
         from hotwire.shared.mailbox import MailboxView
 
         counters = MailboxView.open(box).counters()
-    json.dump({"rounds": rounds, "hotwire": _hotwire_active(), "counters": counters, "graph_counts": graphs},
-              open(out_path, "w"))
+    json.dump({"rounds": rounds, "hotwire": _hotwire_active(), "counters": counters, "graph_counts": graphs,
+               "timing": timing}, open(out_path, "w"))
+
+
+def _timing(generate, t: dict) -> dict[str, list[float]]:
+    """Decode ms per step, idle and steered alternating, prefill and call overhead cancelled."""
+    import random
+    import time
+
+    rng = random.Random(0)
+    prompts = [[rng.randrange(t["vocab"]) for _ in range(16)] for _ in range(t["batch"])]
+
+    def step_ms(spec) -> float:
+        times = []
+        for n in (8, 8 + t["steps"]):
+            batch = [{"prompt_token_ids": p, "max_tokens": n, "spec": spec} for p in prompts]
+            start = time.perf_counter()
+            generate(batch)
+            times.append(time.perf_counter() - start)
+        return (times[1] - times[0]) / t["steps"] * 1e3
+
+    step_ms(None), step_ms(t["spec"])  # warm-up
+    out: dict[str, list[float]] = {"idle_ms": [], "steered_ms": []}
+    for _ in range(t["rounds"]):
+        out["idle_ms"].append(step_ms(None))
+        out["steered_ms"].append(step_ms(t["spec"]))
+    return out
 
 
 def _hotwire_active() -> bool:
