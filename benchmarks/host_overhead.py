@@ -53,6 +53,7 @@ def main() -> None:
     args = ap.parse_args()
 
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    torch.set_num_threads(1)  # host work runs on the engine's one scheduling thread
     tables = SteeringTables(slots=1024, hidden=HIDDEN, armed=LAYERS, requests=2 * BATCH, entries=4,
                             max_tokens=8192, dtype=torch.bfloat16, device=device)
     registry, counters = Registry(1024), Counters()
