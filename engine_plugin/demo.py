@@ -24,8 +24,9 @@ def configure(parser: argparse.ArgumentParser) -> None:
     parser.set_defaults(run=run)
 
 
-def _target_vector(model_dir: Path, token_id: int):
-    """Unit-norm unembedding row of ``token_id``: the direction that raises that token's logit."""
+def token_direction(model_dir: Path, token_id: int):
+    """Unit-norm unembedding row of ``token_id`` (the direction that raises that token's logit),
+    or None when the directory holds no readable weights."""
     import numpy as np
     from safetensors import safe_open
 
@@ -35,7 +36,7 @@ def _target_vector(model_dir: Path, token_id: int):
                 if key in f.keys():
                     row = f.get_slice(key)[token_id].float().numpy()
                     return (row / np.linalg.norm(row)).astype(np.float32)
-    raise SystemExit(f"no lm_head/embedding weights in {model_dir}")
+    return None
 
 
 def run(args: argparse.Namespace) -> int:
@@ -52,9 +53,11 @@ def run(args: argparse.Namespace) -> int:
     tok = AutoTokenizer.from_pretrained(str(model_dir))
     n_layers = AutoConfig.from_pretrained(str(model_dir)).num_hidden_layers
     target_id = tok(args.target, add_special_tokens=False).input_ids[0]
+    direction = token_direction(model_dir, target_id)
+    if direction is None:
+        raise SystemExit(f"no lm_head/embedding weights in {model_dir}")
     (work / "vectors").mkdir()
-    (work / "vectors" / "toward_target.safetensors").write_bytes(
-        encode_safetensors(_target_vector(model_dir, target_id)))
+    (work / "vectors" / "toward_target.safetensors").write_bytes(encode_safetensors(direction))
     os.environ["HOTWIRE_VECTORS"] = str(work / "vectors")
     os.environ.setdefault("HOTWIRE_MAILBOX", str(work / "engine.mbx"))
 

@@ -54,10 +54,8 @@ StartupRow = tuple[int, str, int, np.ndarray]  # (slot, vector id, layer, float3
 
 
 class Steerer:
-    def __init__(self, cfg: HotwireConfig, router: Router, registry: Registry, counters: Counters,
-                 tables: SteeringTables, sync: MailboxSync | None):
-        self.cfg, self.router, self.registry, self.counters = cfg, router, registry, counters
-        self.tables, self.sync = tables, sync
+    def __init__(self, router: Router, sync: MailboxSync | None):
+        self.router, self.sync = router, sync
 
     # -- construction ---------------------------------------------------------------------------
     @classmethod
@@ -89,7 +87,7 @@ class Steerer:
                  "(%d slots, %d request rows, %d entries/layer); %d startup rows; mailbox %s",
                  len(armed), n_layers, type(model).__name__, armed, tables.nbytes / 2**20, runner.device,
                  cfg.slots, requests, cfg.entries, len(loaded), sync.box.path if sync else "off")
-        return cls(cfg, router, registry, counters, tables, sync)
+        return cls(router, sync)
 
     @staticmethod
     def _load_startup(cfg: HotwireConfig, fp: Fingerprint, armed: list[int], bank: torch.Tensor,

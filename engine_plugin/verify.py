@@ -33,14 +33,11 @@ def configure(parser: argparse.ArgumentParser) -> None:
 
 def _direction(model_dir: Path, hidden: int, token: int) -> np.ndarray:
     """Unit unembedding row of ``token`` when the weights are readable, else a seeded random unit."""
-    from safetensors import safe_open
+    from .demo import token_direction
 
-    for path in sorted(model_dir.glob("*.safetensors")):
-        with safe_open(str(path), framework="pt") as f:
-            for key in ("lm_head.weight", "model.embed_tokens.weight"):
-                if key in f.keys():
-                    row = f.get_slice(key)[token].float().numpy()
-                    return row / np.linalg.norm(row)
+    row = token_direction(model_dir, token)
+    if row is not None:
+        return row
     v = np.random.default_rng(0).standard_normal(hidden)
     return v / np.linalg.norm(v)
 
