@@ -14,7 +14,7 @@ from typing import Any, ClassVar
 
 from pydantic import BaseModel, ConfigDict, Field, SecretStr
 
-DEFAULT_MAILBOX = "/dev/shm/hotwire/engine.mbx"  # the engine plugin's default as well
+from hotwire.shared.mailbox import DEFAULT_MAILBOX
 
 
 class Settings(BaseModel):

@@ -7,6 +7,8 @@ import json
 from pathlib import Path
 from typing import Any
 
+from hotwire.shared.spec import layer_ranges
+
 from .client import ControlClient, add_client_options, client_command
 from .tables import format_table
 
@@ -40,14 +42,10 @@ def configure(parser: argparse.ArgumentParser) -> None:
 
 def parse_layers(text: str) -> list[int]:
     """``"10-12,20"`` -> ``[10, 11, 12, 20]``."""
-    layers: list[int] = []
     try:
-        for part in filter(None, (p.strip() for p in text.split(","))):
-            lo, _, hi = part.partition("-")
-            layers.extend(range(int(lo), int(hi or lo) + 1))
+        return layer_ranges(text)
     except ValueError:
         raise argparse.ArgumentTypeError(f"{text!r}: expected layers like 10-20,24") from None
-    return layers
 
 
 def describe(info: dict[str, Any]) -> str:

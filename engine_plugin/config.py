@@ -5,7 +5,8 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass
 
-DEFAULT_MAILBOX = "/dev/shm/hotwire/engine.mbx"
+from hotwire.shared.mailbox import DEFAULT_MAILBOX
+from hotwire.shared.spec import layer_ranges
 
 
 @dataclass(frozen=True)
@@ -32,9 +33,4 @@ class HotwireConfig:
         """Parse ``layers`` against a model with ``n_layers`` decoder layers."""
         if self.layers.strip().lower() == "all":
             return list(range(n_layers))
-        picked: set[int] = set()
-        for part in filter(None, (p.strip() for p in self.layers.split(","))):
-            lo, _, hi = part.partition("-")
-            first, last = int(lo), int(hi) if hi else int(lo)
-            picked.update(i for i in range(first, last + 1) if 0 <= i < n_layers)
-        return sorted(picked)
+        return sorted({i for i in layer_ranges(self.layers) if 0 <= i < n_layers})

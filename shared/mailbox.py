@@ -42,6 +42,7 @@ import numpy as np
 
 from .wire import ModelShape
 
+DEFAULT_MAILBOX = "/dev/shm/hotwire/engine.mbx"  # where the engine creates it, and the control API looks
 MAGIC = b"HOTWIRE\x01"
 LAYOUT = 1
 HEADER_BYTES = 4096

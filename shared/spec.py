@@ -146,5 +146,17 @@ def cache_salt(entries: tuple[SteerEntry, ...], versions: dict[str, int] | None 
     return "hotwire:" + hashlib.sha256(text.encode()).hexdigest()[:32]
 
 
+def layer_ranges(text: str) -> list[int]:
+    """``"10-12,20"`` -> ``[10, 11, 12, 20]``, in the order written; ValueError when malformed.
+
+    The one syntax for naming layers, used by ``HOTWIRE_LAYERS`` and the CLI's ``--layers``.
+    """
+    layers: list[int] = []
+    for part in filter(None, (p.strip() for p in text.split(","))):
+        lo, _, hi = part.partition("-")
+        layers.extend(range(int(lo), int(hi or lo) + 1))
+    return layers
+
+
 def valid_id(vector_id: str) -> bool:
     return bool(_ID_RE.match(vector_id))
