@@ -7,22 +7,26 @@ the sum of the durations of the device kernels recorded by ``torch.profiler`` (C
 step, which host noise does not reach. Wall time per step is recorded beside it, for reference.
 
 How:
-* Each condition runs in its own process (this file re-run with ``--child``), so the
-  plugin-free engine never shares a process with a patched one: ``plugin_free``
-  (``VLLM_PLUGINS=none``), ``idle`` (hotwire armed on every layer, 256 startup vectors, no
-  request steered), ``steered`` (every request its own two vectors and scales on layers n/3
-  and 2n/3, as in decode.py) and, if asked for, ``eager`` (steered with ``enforce_eager=True``:
-  what hook-style steering pays). ``VLLM_ENABLE_V1_MULTIPROCESSING=0`` keeps the engine core
-  and worker in the child, where the profiler sees them. The parent runs the processes
-  A B C A B C ... (``--repeats``) and reports medians and the median of per-repeat ratios.
-* In each process, per batch size B (32-token random prompts, ``ignore_eos``, greedy): one
-  profiled warm-up call; two unprofiled calls of N1 = 8 and N1 + S tokens (wall time); the same
-  two calls profiled. Per-step figures are (long - short) / S: the prefill step, the first
-  decode steps and the per-call overhead are identical in both calls and cancel exactly
-  (prefix caching is off and ``max_num_batched_tokens`` >= 32 B, so all prompts prefill in one
-  step and the batch then decodes in lockstep). The same difference is taken per kernel name,
-  and the names whose time differs most from plugin-free are listed: which fused kernels
-  grew, by how much, and whether the launch count per step changed.
+* Each engine runs in its own process (this file re-run with ``--child``), so the plugin-free
+  engine never shares a process with a patched one: ``plugin_free`` (``VLLM_PLUGINS=none``),
+  ``hotwire`` (armed on every layer, 256 startup vectors), measuring ``idle`` (no request
+  steered) and ``steered`` (every request its own two vectors and scales, on layers n/3 and
+  2n/3) side by side in the same engine, and, if asked for, ``eager`` (steered with
+  ``enforce_eager=True``: what hook-style steering pays). ``VLLM_ENABLE_V1_MULTIPROCESSING=0``
+  keeps the engine core and worker in the child, where the profiler sees them. Processes are
+  started A B A B ... (``--repeats``), ``--parallel`` at a time: start-ups (compile, capture)
+  overlap, measurements take a file lock and run alone on the GPU. Reported: medians, and the
+  median of per-repeat ratios.
+* Decode, per batch size B (32-token random prompts, ``ignore_eos``, greedy): one profiled
+  warm-up call; two unprofiled calls of N1 = 8 and N1 + S tokens (wall time); the same two
+  calls profiled. Per-step figures are (long - short) / S: the prefill step, the first decode
+  steps and the per-call overhead are identical in both calls and cancel exactly (prefix
+  caching is off and ``max_num_batched_tokens`` >= 32 B, so all prompts prefill in one step and
+  the batch then decodes in lockstep). The same difference is taken per kernel name, and the
+  names whose time differs most from plugin-free are listed: which fused kernels grew, by how
+  much, and whether the launch count per step changed.
+* Prefill, per prompt length P (default 4096 and 8192): one request of P tokens and one output
+  token, a single step; its kernel time and wall-clock tokens/s, steered vs idle vs plugin-free.
 * Shapes: Qwen3 0.6B/4B/8B configs (``write_config``) with ``load_format="dummy"``, bf16,
   ``TRITON_ATTN``, torch.compile and vLLM's default CUDA-graph mode (FULL graphs for uniform
   decode batches); graphs are captured for exactly the measured batch sizes. ``--smoke`` runs
@@ -32,13 +36,13 @@ How:
 CUDA graphs and CUPTI: recent CUDA reports the kernels inside graph replays as ordinary kernel
 activity. The profiler is attached only after capture (no CUPTI warm-up before capture: on some
 stacks that leaves kernel collection off for the life of the process). A device run must
-confirm this: the child refuses to report when a profile holds no device kernels, or when a
-decode step shows fewer kernels than the model has layers (replays not seen). The
+confirm this: the child refuses to report when a profile holds no device kernels, and flags a
+decode row whose step shows fewer kernels than the model has layers (replays not seen). The
 sum of kernel durations counts neither launch gaps nor overlap between streams; clocks are not
 locked, so compare conditions, not runs on different days. Host-side cost of the plugin is
 measured by ``benchmarks/host_overhead.py``.
 
-    python benchmarks/kernel_time.py --shape qwen3-0.6b --conditions plugin_free idle steered eager \\
+    python benchmarks/kernel_time.py --shape qwen3-0.6b --processes plugin_free hotwire eager \\
         --out benchmarks/results/h200-DATE-kernel-time-qwen3-0.6b.json
     python benchmarks/kernel_time.py --smoke --out /tmp/kt-smoke.json     # CPU, end to end only
 """
@@ -54,70 +58,78 @@ import subprocess
 import sys
 import tempfile
 import time
+from concurrent.futures import ThreadPoolExecutor, as_completed
 from pathlib import Path
 
 import numpy as np
 
 PROMPT_LEN, N1, N_VECTORS = 32, 8, 256
-CONDITIONS = {  # name: (plugin loaded, enforce_eager, every request steered)
-    "plugin_free": (False, False, False),
-    "idle": (True, False, False),
-    "steered": (True, False, True),
-    "eager": (True, True, True),
+PROCESSES = {  # process kind: (plugin loaded, enforce_eager, conditions measured in it)
+    "plugin_free": (False, False, ("plugin_free",)),
+    "hotwire": (True, False, ("idle", "steered")),
+    "eager": (True, True, ("eager",)),
 }
+STEERED = {"plugin_free": False, "idle": False, "steered": True, "eager": True}
 
 
-# ---------------------------------------------------------------- child: one engine, one condition
+# ---------------------------------------------------------------- child: one engine, its conditions
 def _child(job_path: str, out: Path) -> None:
     job = json.loads(Path(job_path).read_text())
-    plugin, eager, steered = CONDITIONS[job["condition"]]
+    plugin, eager, conditions = PROCESSES[job["process"]]
+    import fcntl
+
     import torch
     import vllm
     from torch.autograd import DeviceType
     from torch.profiler import ProfilerActivity, profile
     from vllm import LLM, SamplingParams
 
-    smoke, batches, steps = job["smoke"], job["batches"], job["steps"]
+    smoke, batches, steps, prefills = job["smoke"], job["batches"], job["steps"], job["prefill"]
     cfg = json.loads((Path(job["model"]) / "config.json").read_text())
     n_layers, vocab = cfg["num_hidden_layers"], cfg["vocab_size"]
     engine = dict(skip_tokenizer_init=True, enable_prefix_caching=False, seed=0, max_num_seqs=max(batches),
-                  max_num_batched_tokens=max(2048, max(batches) * PROMPT_LEN))
+                  max_num_batched_tokens=max([2048, max(batches) * PROMPT_LEN, *prefills]),
+                  max_model_len=max([1024, *prefills]) + 64, enforce_eager=eager or smoke,
+                  kv_cache_memory_bytes=(128 if smoke else 8192) * 2**20)
     if smoke:
-        engine.update(dtype="float32", enforce_eager=True, kv_cache_memory_bytes=128 * 2**20, max_model_len=512)
-    else:
-        engine.update(load_format="dummy", dtype="bfloat16", attention_backend="TRITON_ATTN", enforce_eager=eager,
-                      max_model_len=1024, gpu_memory_utilization=0.5,
-                      compilation_config={"cudagraph_capture_sizes": sorted(batches)})
+        engine.update(dtype="float32")
+    else:  # several processes share the GPU at start-up: a fixed KV budget skips vLLM's memory profiling
+        engine.update(load_format="dummy", dtype="bfloat16", attention_backend="TRITON_ATTN",
+                      gpu_memory_utilization=0.3, compilation_config={"cudagraph_capture_sizes": sorted(batches)})
     t0 = time.perf_counter()
     llm = LLM(model=job["model"], **engine)
     startup_s = time.perf_counter() - t0
     mailbox = Path(os.environ["HOTWIRE_MAILBOX"])
     if mailbox.exists() != plugin:  # only an armed engine creates its mailbox
-        raise SystemExit(f"{job['condition']}: hotwire armed={mailbox.exists()}, expected {plugin}")
+        raise SystemExit(f"{job['process']}: hotwire armed={mailbox.exists()}, expected {plugin}")
+    gpu = open(job["lock"], "w")
+    t0 = time.perf_counter()
+    fcntl.flock(gpu, fcntl.LOCK_EX)  # measure alone on the GPU; only start-ups overlap (released at exit)
+    waited_s = time.perf_counter() - t0
 
     device, activity = (DeviceType.CPU, ProfilerActivity.CPU) if smoke else (DeviceType.CUDA, ProfilerActivity.CUDA)
     l1, l2 = n_layers // 3, (2 * n_layers) // 3
+    sent = {"steered": 0}
 
-    def call(b: int, n: int):
-        rng = np.random.default_rng(b)  # the same prompts in every process
-        prompts = [{"prompt_token_ids": rng.integers(10, vocab - 10, PROMPT_LEN).tolist()} for _ in range(b)]
+    def call(b: int, n: int, cond: str, prompt_len: int = PROMPT_LEN):
+        rng = np.random.default_rng(b * 100_003 + prompt_len)  # the same prompts in every process
+        prompts = [{"prompt_token_ids": rng.integers(10, vocab - 10, prompt_len).tolist()} for _ in range(b)]
         params = []
-        for j in range(b):
+        for j in range(b):  # every request its own two vectors and scales
             spec = [{"id": f"v{j % N_VECTORS}", "layer": l1, "scale": 1.0 + j / b},
                     {"id": f"v{(j + 1) % N_VECTORS}", "layer": l2, "scale": -0.5 - j / b}]
-            extra = {"hotwire": json.dumps(spec)} if steered else None
+            extra = {"hotwire": json.dumps(spec)} if STEERED[cond] else None
             params.append(SamplingParams(max_tokens=n, temperature=0.0, ignore_eos=True, extra_args=extra))
+        sent["steered"] += b if STEERED[cond] else 0
         return lambda: llm.generate(prompts, params, use_tqdm=False)
 
-    def wall(b: int, n: int) -> float:
-        run = call(b, n)
+    def wall(run) -> float:
         t = time.perf_counter()
         run()
         return time.perf_counter() - t
 
-    def kernels(b: int, n: int) -> dict[str, list[float]]:
+    def kernels(run) -> dict[str, list[float]]:
         """{name: [total us, count]} of the device kernels (CPU: ops' self time) of one call."""
-        run = call(b, n)
         with profile(activities=[activity]) as prof:
             run()
         out: dict[str, list[float]] = {}
@@ -128,48 +140,66 @@ def _child(job_path: str, out: Path) -> None:
             acc[0] += e.self_cpu_time_total if smoke else e.time_range.elapsed_us()
             acc[1] += 1
         if not out:
-            raise SystemExit(f"{job['condition']}: the profile holds no {device.name} kernels (CUPTI off?)")
+            raise SystemExit(f"{job['process']}: the profile holds no {device.name} kernels (CUPTI off?)")
         return out
 
-    rows = {}
-    for b in batches:
-        kernels(b, N1)  # warm-up: allocator, profiler start-up; discarded
-        wall_s = wall(b, N1 + steps) - wall(b, N1)
-        short, long = kernels(b, N1), kernels(b, N1 + steps)
+    def per_step(short: dict, long: dict) -> dict:
+        """Kernel time and launches per decode step, by name: (long - short) / steps."""
         by_name = {}
         for name in short.keys() | long.keys():
             (us1, c1), (us2, c2) = short.get(name, (0.0, 0)), long.get(name, (0.0, 0))
             if c1 != c2 or abs(us2 - us1) > 1e-3 * steps:
                 by_name[name] = [round((us2 - us1) / steps, 3), round((c2 - c1) / steps, 2)]
-        copy = {k: v for k, v in by_name.items() if k.startswith(("Memcpy", "Memset"))}
-        kern = {k: v for k, v in by_name.items() if k not in copy}
-        launches = sum(v[1] for v in kern.values())
-        if launches < n_layers:
-            raise SystemExit(f"{job['condition']} B={b}: {launches:.1f} kernels per decode step, fewer than the "
-                             f"model's {n_layers} layers: kernels inside CUDA-graph replays are not being recorded")
-        rows[b] = {"kernel_us": round(sum(v[0] for v in kern.values()), 2), "kernels": round(launches, 2),
-                   "copy_us": round(sum(v[0] for v in copy.values()), 2), "wall_ms": round(wall_s / steps * 1e3, 4),
-                   "by_name": by_name}
-        print(f"hotwire-kt {job['condition']} B={b}: {rows[b]['kernel_us']} us kernels, "
-              f"{launches:.0f} launches, {rows[b]['wall_ms']} ms wall per step", flush=True)
+        return by_name
+
+    rows: dict[str, dict] = {c: {} for c in conditions}
+    for b in batches:
+        for c in conditions:
+            kernels(call(b, N1, c))  # warm-up: allocator, profiler start-up; discarded
+        for c in conditions:
+            wall_s = wall(call(b, N1 + steps, c)) - wall(call(b, N1, c))
+            by_name = per_step(kernels(call(b, N1, c)), kernels(call(b, N1 + steps, c)))
+            copy = {k: v for k, v in by_name.items() if k.startswith(("Memcpy", "Memset"))}
+            kern = {k: v for k, v in by_name.items() if k not in copy}
+            launches = sum(v[1] for v in kern.values())
+            seen = launches >= n_layers  # else CUPTI missed the kernels inside CUDA-graph replays
+            rows[c][b] = {"kernel_us": round(sum(v[0] for v in kern.values()), 2), "kernels": round(launches, 2),
+                          "copy_us": round(sum(v[0] for v in copy.values()), 2),
+                          "wall_ms": round(wall_s / steps * 1e3, 4), "graph_kernels_seen": seen, "by_name": by_name}
+            print(f"hotwire-kt {c} B={b}: {rows[c][b]['kernel_us']} us kernels, {launches:.0f} launches, "
+                  f"{rows[c][b]['wall_ms']} ms wall per step" + ("" if seen else "  (FEWER KERNELS THAN LAYERS)"),
+                  flush=True)
+
+    prefill: dict[str, dict] = {c: {} for c in conditions}
+    for p in prefills:  # one prompt of p tokens, one step: prefill + first sample
+        for c in conditions:
+            kernels(call(1, 1, c, p))  # warm-up
+        for c in conditions:
+            t, k = wall(call(1, 1, c, p)), kernels(call(1, 1, c, p))
+            us = sum(v[0] for n, v in k.items() if not n.startswith(("Memcpy", "Memset")))
+            prefill[c][p] = {"kernel_us": round(us, 1), "wall_ms": round(t * 1e3, 3),
+                             "tokens_per_s": round(p / t, 1), "kernel_tokens_per_s": round(p / us * 1e6, 1)}
+            print(f"hotwire-kt {c} prefill {p}: {prefill[c][p]['kernel_us']} us kernels, "
+                  f"{prefill[c][p]['wall_ms']} ms wall", flush=True)
 
     counters = {}
     if plugin:
         from hotwire.shared.mailbox import MailboxView
 
         counters = MailboxView.open(str(mailbox)).counters()
-        calls = 5 * sum(batches)  # requests sent: warm-up + 2 wall + 2 profiled calls per batch size
         bad = {k: v for k, v in counters.items() if k.startswith("unsteered_") and v}
-        if bad or counters["steered_requests"] != (calls if steered else 0):
-            raise SystemExit(f"{job['condition']}: steering not as expected ({calls} requests sent): {counters}")
+        if bad or counters["steered_requests"] != sent["steered"]:
+            raise SystemExit(f"{job['process']}: steering not as expected ({sent['steered']} steered requests "
+                             f"sent): {counters}")
     try:
         graphs = str(llm.llm_engine.vllm_config.compilation_config.cudagraph_mode)
     except AttributeError:
         graphs = "unknown"
     info = {"device": "cpu" if smoke else torch.cuda.get_device_name(0), "vllm": vllm.__version__,
-            "torch": torch.__version__, "cuda": torch.version.cuda, "cudagraph_mode": graphs}
-    out.write_text(json.dumps({"info": info, "startup_s": round(startup_s, 1), "counters": counters,
-                                            "rows": rows}))
+            "torch": torch.__version__, "cuda": torch.version.cuda, "cudagraph_mode": graphs,
+            "runner": "v1" if os.environ.get("VLLM_USE_V2_MODEL_RUNNER") == "0" else "default"}
+    out.write_text(json.dumps({"info": info, "startup_s": round(startup_s, 1), "waited_s": round(waited_s, 1),
+                               "counters": counters, "rows": rows, "prefill": prefill}))
 
 
 # ---------------------------------------------------------------- parent: alternate, summarise
@@ -182,13 +212,13 @@ def _vectors(path: Path, hidden: int) -> None:
         (path / f"v{i}.safetensors").write_bytes(encode_safetensors(rng.standard_normal(hidden).astype(np.float32)))
 
 
-def _run_child(work: Path, tag: str, condition: str, common: dict) -> dict:
+def _run_child(work: Path, tag: str, process: str, common: dict) -> dict:
     job, out, log = work / f"{tag}.job.json", work / f"{tag}.out.json", work / f"{tag}.log"
-    job.write_text(json.dumps({**common, "condition": condition}))
+    job.write_text(json.dumps({**common, "process": process, "lock": str(work / "gpu.lock")}))
     env = {k: v for k, v in os.environ.items() if not k.startswith("HOTWIRE_") and k != "VLLM_PLUGINS"}
     env.update(VLLM_ENABLE_V1_MULTIPROCESSING="0", HOTWIRE_MAILBOX=str(work / f"{tag}.mbx"),
                HOTWIRE_VECTORS=str(work / "vectors"))
-    if not CONDITIONS[condition][0]:
+    if not PROCESSES[process][0]:
         env["VLLM_PLUGINS"] = "none"  # vLLM loads no general plugin: a plugin-free engine
     t = time.time()
     with open(log, "w") as f:
@@ -196,8 +226,10 @@ def _run_child(work: Path, tag: str, condition: str, common: dict) -> dict:
         rc = subprocess.run(cmd, env=env, stdout=f, stderr=subprocess.STDOUT).returncode
     if rc != 0:
         raise SystemExit(f"{tag} failed (rc {rc}); log {log}:\n" + log.read_text()[-5000:])
-    print(f"{tag}: {time.time() - t:.0f} s", flush=True)
-    return json.loads(out.read_text())
+    res = json.loads(out.read_text())
+    print(f"{tag}: {time.time() - t:.0f} s (start-up {res['startup_s']} s, waited for the GPU {res['waited_s']} s)",
+          flush=True)
+    return res
 
 
 def _summary(samples: dict[str, list[dict]], batches: list[int], top: int) -> tuple[list[dict], list[dict]]:
@@ -243,7 +275,33 @@ def _summary(samples: dict[str, list[dict]], batches: list[int], top: int) -> tu
     return rows, diffs
 
 
-def _markdown(rows: list[dict], diffs: list[dict], conds: list[str]) -> str:
+def _prefill_summary(samples: dict[str, list[dict]], lengths: list[int]) -> list[dict]:
+    """Per prompt length: medians, and throughput ratios (higher = faster) from kernel and wall time."""
+    med = statistics.median
+    rows = []
+    for p in lengths:
+        s = {c: [r["prefill"][str(p)] for r in runs] for c, runs in samples.items() if runs}
+        row = {"prompt_len": p}
+        for c, xs in s.items():
+            row.update({f"{c}_kernel_us": round(med(x["kernel_us"] for x in xs), 1),
+                        f"{c}_tokens_per_s": round(med(x["tokens_per_s"] for x in xs), 1)})
+
+        def speed(fast: str, slow: str, key: str) -> float | None:  # throughput of `fast` over `slow`
+            if fast not in s or slow not in s:
+                return None
+            return round(med(y[key] / x[key] for x, y in zip(s[fast], s[slow])), 4)
+
+        row.update(steered_over_idle=speed("steered", "idle", "kernel_us"),
+                   idle_over_plugin_free=speed("idle", "plugin_free", "kernel_us"),
+                   wall_steered_over_idle=speed("steered", "idle", "wall_ms"),
+                   wall_idle_over_plugin_free=speed("idle", "plugin_free", "wall_ms"))
+        if "eager" in s:
+            row["eager_over_plugin_free"] = speed("eager", "plugin_free", "kernel_us")
+        rows.append(row)
+    return rows
+
+
+def _markdown(rows: list[dict], diffs: list[dict], prefill: list[dict], conds: list[str]) -> str:
     f = lambda v: "-" if v is None else f"{v:g}"  # noqa: E731
     head = ["batch"] + [f"{c} us" for c in conds] + ["idle/pf", "steered/idle"] + \
            (["eager/pf"] if "eager" in conds else []) + ["launches " + "/".join(conds), "max (max-min)/median"] + \
@@ -255,9 +313,21 @@ def _markdown(rows: list[dict], diffs: list[dict], conds: list[str]) -> str:
                 [f(r["idle_over_plugin_free"]), f(r["steered_over_idle"])] + \
                 ([f(r["eager_over_plugin_free"])] if "eager" in conds else []) + \
                 ["/".join(f(r.get(f"{c}_kernels")) for c in conds),
-                 f"{100 * max(r[f'{c}_spread'] for c in conds):.2f} %"] + \
+                 f"{100 * max(r.get(f'{c}_spread', 0) for c in conds):.2f} %"] + \
                 [f(r.get(f"{c}_wall_ms")) for c in conds] + \
                 [f(r["wall_idle_over_plugin_free"]), f(r["wall_steered_over_idle"])]
+        out.append("| " + " | ".join(cells) + " |")
+    head = ["prompt tokens"] + [f"{c} us" for c in conds] + [f"{c} tok/s" for c in conds] + \
+           ["steered/idle", "idle/pf"] + (["eager/pf"] if "eager" in conds else []) + \
+           ["wall steered/idle", "wall idle/pf"]
+    out += ["", "prefill, one prompt in one step: kernel time and wall-clock tokens/s; ratios are throughput "
+            "(>= 0.99 is the target)", "", "| " + " | ".join(head) + " |", "|" + " --- |" * len(head)]
+    for r in prefill:
+        cells = [str(r["prompt_len"])] + [f(r.get(f"{c}_kernel_us")) for c in conds] + \
+                [f(r.get(f"{c}_tokens_per_s")) for c in conds] + \
+                [f(r["steered_over_idle"]), f(r["idle_over_plugin_free"])] + \
+                ([f(r["eager_over_plugin_free"])] if "eager" in conds else []) + \
+                [f(r["wall_steered_over_idle"]), f(r["wall_idle_over_plugin_free"])]
         out.append("| " + " | ".join(cells) + " |")
     out += ["", "kernels whose time per step differs most from plugin-free (us per step)", "",
             "| batch | condition | kernel | plugin-free | condition | delta | calls/step |",
@@ -272,10 +342,13 @@ def _markdown(rows: list[dict], diffs: list[dict], conds: list[str]) -> str:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--shape", default="qwen3-0.6b", help="qwen3-0.6b | qwen3-4b | qwen3-8b (ignored with --smoke)")
-    ap.add_argument("--conditions", nargs="+", default=["plugin_free", "idle", "steered"], choices=list(CONDITIONS))
+    ap.add_argument("--processes", nargs="+", default=["plugin_free", "hotwire"], choices=list(PROCESSES),
+                    help="engine processes per repeat: plugin_free, hotwire (idle + steered), eager (steered)")
     ap.add_argument("--batches", type=int, nargs="+", help="default 1 8 64 256 (smoke: 1 4)")
-    ap.add_argument("--steps", type=int, help="decode steps S in the difference (default 128; smoke: 8)")
-    ap.add_argument("--repeats", type=int, default=2, help="processes per condition, run A B C A B C ...")
+    ap.add_argument("--steps", type=int, help="decode steps S in the difference (default 64; smoke: 8)")
+    ap.add_argument("--prefill", type=int, nargs="*", help="prompt lengths (default 4096 8192; smoke: 256)")
+    ap.add_argument("--repeats", type=int, default=2, help="processes per kind, started A B A B ...")
+    ap.add_argument("--parallel", type=int, default=2, help="processes starting at once (measurement is exclusive)")
     ap.add_argument("--top", type=int, default=8, help="kernels listed per batch size and condition")
     ap.add_argument("--smoke", action="store_true", help="tiny model on CPU: checks the script, numbers mean nothing")
     ap.add_argument("--out", type=Path, required=True)
@@ -289,7 +362,8 @@ def main() -> None:
     if not args.smoke and not torch.cuda.is_available():
         raise SystemExit("no CUDA device: use --smoke to check the script on CPU")
     batches = args.batches or ([1, 4] if args.smoke else [1, 8, 64, 256])
-    steps = args.steps or (8 if args.smoke else 128)
+    steps = args.steps or (8 if args.smoke else 64)
+    prefills = args.prefill if args.prefill is not None else ([256] if args.smoke else [4096, 8192])
     work = Path(tempfile.mkdtemp(prefix="hotwire-kt-"))
     if args.smoke:
         from hotwire.engine_plugin.tiny_model import build_tiny
@@ -301,26 +375,40 @@ def main() -> None:
         model, shape = write_config(work / args.shape, args.shape), args.shape
     config = json.loads((model / "config.json").read_text())
     _vectors(work / "vectors", config["hidden_size"])
-    common = {"model": str(model), "smoke": args.smoke, "batches": batches, "steps": steps}
+    common = {"model": str(model), "smoke": args.smoke, "batches": batches, "steps": steps, "prefill": prefills}
+    conds = [c for p in args.processes for c in PROCESSES[p][2]]
     print(f"work dir (child logs): {work}", flush=True)
 
     result = {"shape": shape, "config": {k: config[k] for k in ("hidden_size", "num_hidden_layers", "vocab_size")},
               "dtype": "float32" if args.smoke else "bfloat16", "date": time.strftime("%Y-%m-%d %H:%M"),
               "host": platform.node(), "command": " ".join([Path(sys.executable).name] + sys.argv),
-              "batches": batches, "decode_steps": steps, "prompt_len": PROMPT_LEN, "repeats": args.repeats,
-              "samples": {c: [] for c in args.conditions}}
+              "batches": batches, "decode_steps": steps, "prompt_len": PROMPT_LEN, "prefill_lens": prefills,
+              "repeats": args.repeats, "samples": {c: [] for c in conds}}
     args.out.parent.mkdir(parents=True, exist_ok=True)
-    for r in range(args.repeats):
-        for c in args.conditions:
-            sample = _run_child(work, f"r{r}-{c}", c, common)
-            result.setdefault("info", sample["info"])
-            result["samples"][c].append(sample)
+    order = [(r, p) for r in range(args.repeats) for p in args.processes]
+    done: dict[tuple[int, str], dict] = {}
+    with ThreadPoolExecutor(max(1, args.parallel)) as pool:
+        futures = {pool.submit(_run_child, work, f"r{r}-{p}", p, common): (r, p) for r, p in order}
+        for fut in as_completed(futures):
+            try:
+                done[futures[fut]] = fut.result()
+            except SystemExit as e:  # one failed process is reported, the others still count
+                print(e, flush=True)
+                continue
+            for c in conds:  # samples in repeat order, so per-repeat ratios pair processes of one repeat
+                result["samples"][c] = [{"rows": d["rows"][c], "prefill": d["prefill"][c], "info": d["info"],
+                                         "startup_s": d["startup_s"], "counters": d["counters"]}
+                                        for (r, p), d in sorted(done.items()) if c in d["rows"]]
+            result.setdefault("info", done[futures[fut]]["info"])
             args.out.write_text(json.dumps(result, indent=1))  # partial results survive a time-out
+    if not done:
+        raise SystemExit("no engine process finished")
     rows, diffs = _summary(result["samples"], batches, args.top)
-    result.update(rows=rows, top_kernels=diffs)
+    prefill = _prefill_summary(result["samples"], prefills)
+    result.update(rows=rows, prefill=prefill, top_kernels=diffs)
     args.out.write_text(json.dumps(result, indent=1))
-    print(f"\n{shape}, {result['info']}, {args.repeats} processes per condition, S={steps} steps\n")
-    print(_markdown(rows, diffs, args.conditions))
+    print(f"\n{shape}, {result['info']}, {args.repeats} processes per kind, S={steps} steps\n")
+    print(_markdown(rows, diffs, prefill, conds))
 
 
 if __name__ == "__main__":

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import json
 import math
+import os
 import threading
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
@@ -38,7 +39,13 @@ from servers import ControlApi, VllmServer, logs_on_failure, wait_for
 
 pytestmark = [requires_vllm, pytest.mark.vllm, pytest.mark.slow]
 
-ENGINE = CPU_ENGINE  # every server here runs with the engine settings of tests/test_engine.py
+# Every server runs with the engine settings of tests/test_engine.py; ``HOTWIRE_E2E_GPU=1`` runs
+# the same flow on a CUDA box as deployed there (bf16, torch.compile + CUDA graphs; TRITON_ATTN is
+# the attention backend the offline H200 bundle carries). Fixed KV budgets let servers start side by side.
+GPU_ENGINE = dict(dtype="bfloat16", attention_backend="TRITON_ATTN", gpu_memory_utilization=0.05,
+                  kv_cache_memory_bytes=512 * 2**20, max_model_len=512, max_num_seqs=16,
+                  max_num_batched_tokens=64, enable_prefix_caching=True, seed=0)
+ENGINE = GPU_ENGINE if os.environ.get("HOTWIRE_E2E_GPU") == "1" else CPU_ENGINE
 TOKEN = "e2e-secret"
 MAX_UPLOAD = 64 * 1024
 LAYER, SCALE = 2, 0.25

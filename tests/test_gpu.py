@@ -7,6 +7,8 @@ cut to 6 layers, so the steered and the plugin-free engine hold identical weight
 
 from __future__ import annotations
 
+from concurrent.futures import ThreadPoolExecutor
+
 import numpy as np
 import pytest
 
@@ -17,7 +19,8 @@ pytestmark = pytest.mark.gpu
 LAYERS, HIDDEN = 6, 1024
 ENGINE = dict(dtype="bfloat16", load_format="dummy", skip_tokenizer_init=True,
               attention_backend="TRITON_ATTN", max_model_len=2048, max_num_seqs=32,
-              max_num_batched_tokens=256, gpu_memory_utilization=0.3, seed=0,
+              max_num_batched_tokens=256, seed=0,
+              gpu_memory_utilization=0.1, kv_cache_memory_bytes=2 * 2**30,  # fixed: engines may share the GPU
               enable_prefix_caching=True,
               compilation_config={"cudagraph_mode": "FULL_AND_PIECEWISE",
                                   "cudagraph_capture_sizes": [1, 2, 4, 8, 16, 32, 64]})
@@ -90,13 +93,15 @@ ROUNDS = _rounds()
 def runs(request, tmp_path_factory, model, vectors_dir):
     flag = RUNNERS[request.param]
     job = {"model": str(model), "engine": ENGINE, "rounds": list(ROUNDS.values()), "graph_counts": True}
-    out = {}
-    for plugin in (True, False):
+
+    def run(plugin: bool):
         tmp = tmp_path_factory.mktemp(f"{request.param}-{'steered' if plugin else 'plugin-free'}")
         env = engine_env(tmp, HOTWIRE_VECTORS=str(vectors_dir), VLLM_USE_V2_MODEL_RUNNER=flag)
         res = run_engine(tmp, {**job, "plugin": plugin}, env, timeout=580)
-        out[plugin] = (dict(zip(ROUNDS, res["rounds"])), res)
-    return out
+        return dict(zip(ROUNDS, res["rounds"])), res
+
+    with ThreadPoolExecutor(2) as pool:  # the two engines start side by side on the one GPU
+        return dict(zip((True, False), pool.map(run, (True, False))))
 
 
 def _steered(req) -> bool:
