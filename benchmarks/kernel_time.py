@@ -214,7 +214,7 @@ def _vectors(path: Path, hidden: int) -> None:
 
 def _run_child(work: Path, tag: str, process: str, common: dict) -> dict:
     job, out, log = work / f"{tag}.job.json", work / f"{tag}.out.json", work / f"{tag}.log"
-    job.write_text(json.dumps({**common, "process": process, "lock": str(work / "gpu.lock")}))
+    job.write_text(json.dumps({**common, "process": process}))
     env = {k: v for k, v in os.environ.items() if not k.startswith("HOTWIRE_") and k != "VLLM_PLUGINS"}
     env.update(VLLM_ENABLE_V1_MULTIPROCESSING="0", HOTWIRE_MAILBOX=str(work / f"{tag}.mbx"),
                HOTWIRE_VECTORS=str(work / "vectors"))
@@ -348,7 +348,9 @@ def main() -> None:
     ap.add_argument("--steps", type=int, help="decode steps S in the difference (default 64; smoke: 8)")
     ap.add_argument("--prefill", type=int, nargs="*", help="prompt lengths (default 4096 8192; smoke: 256)")
     ap.add_argument("--repeats", type=int, default=2, help="processes per kind, started A B A B ...")
+    ap.add_argument("--once", nargs="*", default=["eager"], help="kinds run in the first repeat only")
     ap.add_argument("--parallel", type=int, default=2, help="processes starting at once (measurement is exclusive)")
+    ap.add_argument("--lock", type=Path, help="GPU lock file; share one between runs started side by side")
     ap.add_argument("--top", type=int, default=8, help="kernels listed per batch size and condition")
     ap.add_argument("--smoke", action="store_true", help="tiny model on CPU: checks the script, numbers mean nothing")
     ap.add_argument("--out", type=Path, required=True)
@@ -375,7 +377,8 @@ def main() -> None:
         model, shape = write_config(work / args.shape, args.shape), args.shape
     config = json.loads((model / "config.json").read_text())
     _vectors(work / "vectors", config["hidden_size"])
-    common = {"model": str(model), "smoke": args.smoke, "batches": batches, "steps": steps, "prefill": prefills}
+    common = {"model": str(model), "smoke": args.smoke, "batches": batches, "steps": steps, "prefill": prefills,
+              "lock": str(args.lock or work / "gpu.lock")}
     conds = [c for p in args.processes for c in PROCESSES[p][2]]
     print(f"work dir (child logs): {work}", flush=True)
 
@@ -385,7 +388,7 @@ def main() -> None:
               "batches": batches, "decode_steps": steps, "prompt_len": PROMPT_LEN, "prefill_lens": prefills,
               "repeats": args.repeats, "samples": {c: [] for c in conds}}
     args.out.parent.mkdir(parents=True, exist_ok=True)
-    order = [(r, p) for r in range(args.repeats) for p in args.processes]
+    order = [(r, p) for r in range(args.repeats) for p in args.processes if r == 0 or p not in args.once]
     done: dict[tuple[int, str], dict] = {}
     with ThreadPoolExecutor(max(1, args.parallel)) as pool:
         futures = {pool.submit(_run_child, work, f"r{r}-{p}", p, common): (r, p) for r, p in order}

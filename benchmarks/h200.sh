@@ -1,0 +1,45 @@
+#!/usr/bin/env bash
+# Every GPU figure and check of hotwire, as run on the lent H200 (vLLM 0.25.1 offline bundle,
+# ../shared/device/README.md). Two stages, each sized for one 10-minute device call:
+#
+#   bash benchmarks/h200.sh checks OUTDIR   # GPU suite (both runners), e2e operator flow, profiler check
+#   bash benchmarks/h200.sh perf   OUTDIR   # host work per step; kernel time 0.6B (+ eager) and 4B
+#   bash benchmarks/h200.sh perf2  OUTDIR   # kernel time 8B, served throughput, then the arch matrix
+#
+# Checks run side by side (engines share the GPU with fixed KV budgets); timed runs never overlap
+# a measurement (kernel_time.py takes a GPU lock). Every job has a time limit, writes its log to
+# OUTDIR/logs and its results to OUTDIR; what finished survives a stage cut short.
+set -u
+stage=$1 out=$2
+mkdir -p "$out/logs"
+limit=${HOTWIRE_JOB_LIMIT:-540}
+job() {  # job NAME CMD...: run in the background with the time limit, log + exit status to OUTDIR/logs
+  local name=$1; shift
+  ( timeout -s INT -k 20 "$limit" "$@" >"$out/logs/$name.log" 2>&1; echo "exit status $?" >>"$out/logs/$name.log" ) &
+}
+export PYTHONUNBUFFERED=1
+case $stage in
+  checks)
+    job gpu-v2 python3 -m pytest -m gpu tests/test_gpu.py -k v2 --basetemp /tmp/pt-gpu-v2 -p no:cacheprovider -rA
+    job gpu-v1 python3 -m pytest -m gpu tests/test_gpu.py -k v1 --basetemp /tmp/pt-gpu-v1 -p no:cacheprovider -rA
+    job e2e env HOTWIRE_E2E_GPU=1 python3 -m pytest tests/test_e2e_serve.py --basetemp /tmp/pt-e2e \
+      -p no:cacheprovider -rA
+    job kt-check python3 benchmarks/kernel_time.py --shape qwen3-0.6b --batches 1 64 --steps 16 --prefill 4096 \
+      --repeats 1 --out "$out/kt-check.json"  # engines beside it: checks the profiler sees graph kernels, not timing
+    ;;
+  perf)
+    job host python3 benchmarks/host_overhead.py --repeat 400 --out "$out/host-overhead.json"
+    wait
+    lock=$(mktemp)  # one GPU lock for both runs: start-ups overlap, measurements do not
+    job kt-0.6b python3 benchmarks/kernel_time.py --shape qwen3-0.6b --processes plugin_free hotwire eager \
+      --repeats 2 --parallel 3 --lock "$lock" --out "$out/kernel-time-qwen3-0.6b.json"
+    job kt-4b python3 benchmarks/kernel_time.py --shape qwen3-4b --repeats 1 --parallel 2 --lock "$lock" \
+      --out "$out/kernel-time-qwen3-4b.json"
+    ;;
+  perf2)
+    job kt-8b python3 benchmarks/kernel_time.py --shape qwen3-8b --repeats 1 --parallel 2 \
+      --out "$out/kernel-time-qwen3-8b.json"
+    ;;
+  *) echo "usage: $0 checks|perf|perf2 OUTDIR" >&2; exit 2 ;;
+esac
+wait
