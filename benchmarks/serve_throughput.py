@@ -1,0 +1,402 @@
+"""Served throughput: ``vllm serve`` with hotwire (half the requests steered) vs a plugin-free server.
+
+Why: the served target is output tokens/s with hotwire loaded and 50 % of the requests steered
+>= 0.99 x the plugin-free server, at 64 and 256 concurrent requests, with an eager-mode hotwire
+server beside it for contrast (``--enforce-eager``: no torch.compile, no CUDA graphs, what
+hook-based steering pays). Separate server processes on the lent H200 differ by up to 30 %
+from one start to the next, so every figure here is taken side by side in one run, and the
+ratios are medians of per-round ratios of servers measured back to back.
+
+How:
+* Servers: ``python -m vllm.entrypoints.openai.api_server`` subprocesses, each in its own
+  session (its process group is killed on exit), started together and awaited on ``/health``
+  (a server that dies fails the run at once, with its log tail): ``plugin_free``
+  (``VLLM_PLUGINS=none``; checked to create no mailbox), ``hotwire`` (the plugin loaded through
+  its entry point, 256 random startup vectors from ``HOTWIRE_VECTORS``, its own
+  ``HOTWIRE_MAILBOX``) and, with ``--eager``, ``eager`` (hotwire with ``--enforce-eager``).
+  GPU: a Qwen3 shape (``write_config``), ``--load-format dummy``, bf16, ``TRITON_ATTN``,
+  ``--skip-tokenizer-init`` (prompts are token ids; vLLM returns token ids without detokenizing,
+  which suits a dummy model's arbitrary ids), vLLM's default torch.compile and CUDA graphs. The
+  servers share one GPU: each gets ``--gpu-memory-utilization 0.25`` and an explicit
+  ``--kv-cache-memory-bytes`` (room for every request at the largest concurrency, so nothing is
+  preempted), which also skips vLLM's start-up memory profiling, which a neighbour would skew.
+* Load: ``/v1/completions`` with random token-id prompts (128 tokens, new ones every round,
+  the same for every server in a round), ``max_tokens`` 128, ``ignore_eos``, greedy. A fraction
+  (``--steered-fraction``, spread evenly) carries ``"vllm_xargs": {"hotwire": spec}`` with two
+  entries, on layers n/3 and 2n/3, each with its own vector id and scale; every server gets the
+  identical bodies (a plugin-free server ignores the spec). A closed loop keeps exactly C
+  requests in flight (asyncio + httpx) until C x ``--requests-per-client`` have completed.
+  Output tokens/s = completion tokens / round wall time; per-request latency p50 beside it.
+* Order: per concurrency, a warm-up wave (C requests) per server, then ``--rounds`` rounds, each
+  running every server once; the server order rotates from round to round (A B, B A, ...) so drift
+  within a round does not always favour the same server.
+* Checks (a benchmark that silently stops steering must fail): every response is 200 with
+  ``usage.completion_tokens == max_tokens``; after every round each hotwire server's mailbox
+  counters show the steered requests of that round counted and no ``unsteered_*`` refusal.
+
+The JSON (``--out``) is rewritten after every round, so a time-out keeps what was measured.
+Run time: start-up (the servers in parallel) plus, per concurrency, 1 + ``--rounds`` rounds of
+every server. With ``--eager`` the eager server dominates: a decode step of ~50 ms on the H200
+(``decode.py``), so each of its rounds takes 2 waves x 128 steps ~ 15 s.
+``--smoke`` runs the tiny random model on CPU (fp32, eager, small lengths and concurrency): it
+checks the script end to end; its numbers mean nothing.
+
+    python benchmarks/serve_throughput.py --shape qwen3-0.6b --eager \\
+        --out benchmarks/results/h200-DATE-serve-qwen3-0.6b.json
+    python benchmarks/serve_throughput.py --smoke --eager --out /tmp/serve-smoke.json   # CPU, end to end only
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import math
+import os
+import platform
+import signal
+import socket
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from importlib.metadata import version
+from pathlib import Path
+
+import httpx
+import numpy as np
+
+N_VECTORS, SERVED, TARGET = 256, "bench", 0.99
+GPU_MEMORY_UTILIZATION = 0.25  # per server; three share the GPU
+STARTUP_TIMEOUT_S = 480
+SERVERS = {  # name: (plugin loaded, --enforce-eager)
+    "plugin_free": (False, False),
+    "hotwire": (True, False),
+    "eager": (True, True),
+}
+
+
+# ---------------------------------------------------------------- servers
+class Server:
+    """One ``vllm serve`` in its own session (its process group: API server, engine core, worker)."""
+
+    def __init__(self, name: str, work: Path, model: Path, engine: dict, vectors: Path):
+        self.name, self.model = name, model
+        plugin, eager = SERVERS[name]
+        self.engine = {**engine, "enforce_eager": True} if eager else engine
+        self.plugin = plugin
+        self.mailbox = work / f"{name}.mbx"
+        self.log = work / f"{name}.log"
+        self.env = {k: v for k, v in os.environ.items() if not k.startswith("HOTWIRE_") and k != "VLLM_PLUGINS"}
+        self.env.update(HOTWIRE_MAILBOX=str(self.mailbox), HOTWIRE_VECTORS=str(vectors))
+        if not plugin:
+            self.env["VLLM_PLUGINS"] = "none"  # vLLM loads no general plugin
+        self.port = _free_port()
+        self.url = f"http://127.0.0.1:{self.port}"
+        self.proc: subprocess.Popen | None = None
+
+    def start(self) -> None:
+        flags = []
+        for key, value in self.engine.items():
+            flags += [f"--{key.replace('_', '-')}"] + ([] if value is True else [str(value)])
+        argv = [sys.executable, "-m", "vllm.entrypoints.openai.api_server", "--model", str(self.model),
+                "--served-model-name", SERVED, "--host", "127.0.0.1", "--port", str(self.port),
+                "--disable-uvicorn-access-log", *flags]
+        with open(self.log, "w") as log:
+            log.write(" ".join(argv) + "\n")
+            log.flush()
+            self.proc = subprocess.Popen(argv, env=self.env, stdin=subprocess.DEVNULL, stdout=log,
+                                         stderr=subprocess.STDOUT, start_new_session=True)
+
+    def died(self) -> str | None:
+        if self.proc.poll() is None:
+            return None
+        return f"{self.name} exited with {self.proc.returncode}; log {self.log}:\n" + \
+            self.log.read_text(errors="replace")[-6000:]
+
+    def healthy(self, client: httpx.Client) -> bool:
+        try:
+            return client.get(self.url + "/health").status_code == 200
+        except httpx.HTTPError:
+            return False
+
+    def counters(self) -> dict[str, int]:
+        from hotwire.shared.mailbox import MailboxView
+
+        return MailboxView.open(str(self.mailbox)).counters()
+
+    def signal(self, sig: int) -> bool:
+        """Signal the whole process group; False when none of it is left."""
+        if self.proc is None:
+            return False
+        try:
+            os.killpg(self.proc.pid, sig)  # start_new_session: the leader's pid is the group id
+        except (ProcessLookupError, PermissionError):
+            return False
+        return True
+
+
+def _stop(servers: list[Server]) -> None:
+    """SIGTERM every server's group, give them 10 s together, then SIGKILL what is left (vLLM's
+    engine core and workers may outlive the API server). Short: a caller's time-out (``timeout -k``)
+    may SIGKILL this process soon after interrupting it, and the servers are in other sessions."""
+    for s in servers:
+        s.signal(signal.SIGTERM)
+    deadline = time.monotonic() + 10
+    while any(s.proc is not None and s.proc.poll() is None for s in servers) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    for s in servers:
+        while s.signal(signal.SIGKILL) and time.monotonic() < deadline + 10:
+            s.proc.poll()  # reap the leader: a zombie keeps its group signalable
+            time.sleep(0.2)
+        if s.proc is not None:
+            s.proc.wait()
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _wait_ready(servers: list[Server], t0: float) -> dict[str, float]:
+    """Wait for every server's /health; fail at once when one dies. Returns start-up seconds."""
+    ready: dict[str, float] = {}
+    with httpx.Client(timeout=5) as client:  # one client: building one is slow on a busy host
+        while len(ready) < len(servers):
+            for s in servers:
+                if s.name in ready:
+                    continue
+                if (why := s.died()) is not None:
+                    raise SystemExit(why)
+                if s.healthy(client):
+                    ready[s.name] = round(time.monotonic() - t0, 1)
+                    print(f"{s.name} ready after {ready[s.name]:.0f} s", flush=True)
+                    if s.mailbox.exists() != s.plugin:  # only an armed engine creates its mailbox
+                        raise SystemExit(f"{s.name}: hotwire armed={s.mailbox.exists()}, expected {s.plugin}\n"
+                                         + s.log.read_text(errors="replace")[-6000:])
+            if time.monotonic() - t0 > STARTUP_TIMEOUT_S:
+                late = [s.name for s in servers if s.name not in ready]
+                raise SystemExit(f"not ready after {STARTUP_TIMEOUT_S} s: {late}")
+            time.sleep(0.5)
+    return ready
+
+
+# ---------------------------------------------------------------- load
+def _bodies(n: int, seed: int, shape: dict, fraction: float, prompt_len: int, max_tokens: int) -> list[dict]:
+    """``n`` completion bodies; ``fraction`` of them, spread evenly, steered by their own spec."""
+    rng = np.random.default_rng(seed)
+    l1, l2 = shape["num_hidden_layers"] // 3, 2 * shape["num_hidden_layers"] // 3
+    bodies = []
+    for i in range(n):
+        body = {"model": SERVED, "prompt": rng.integers(10, shape["vocab_size"] - 10, prompt_len).tolist(),
+                "max_tokens": max_tokens, "temperature": 0.0, "ignore_eos": True}
+        if math.floor((i + 1) * fraction) > math.floor(i * fraction):
+            spec = [{"id": f"v{i % N_VECTORS}", "layer": l1, "scale": 0.5 + (i % 17) / 16},
+                    {"id": f"v{(i + 7) % N_VECTORS}", "layer": l2, "scale": -0.25 - (i % 13) / 16}]
+            body["vllm_xargs"] = {"hotwire": json.dumps(spec)}
+        bodies.append(body)
+    return bodies
+
+
+async def _round(url: str, bodies: list[dict], concurrency: int) -> dict:
+    """Send ``bodies`` with exactly ``concurrency`` in flight (closed loop); tokens/s and latencies."""
+    pending = iter(bodies)
+    latencies: list[float] = []
+    tokens = 0
+
+    async def client_loop(client: httpx.AsyncClient) -> None:
+        nonlocal tokens
+        for body in pending:  # shared iterator: each loop takes the next body when its last one is done
+            t = time.perf_counter()
+            r = await client.post("/v1/completions", json=body)
+            latencies.append(time.perf_counter() - t)
+            if r.status_code != 200:
+                raise RuntimeError(f"{url}: HTTP {r.status_code}: {r.text[:2000]}")
+            n = r.json()["usage"]["completion_tokens"]
+            if n != body["max_tokens"]:
+                raise RuntimeError(f"{url}: {n} completion tokens, expected {body['max_tokens']}")
+            tokens += n
+
+    limits = httpx.Limits(max_connections=concurrency, max_keepalive_connections=concurrency)
+    async with httpx.AsyncClient(base_url=url, timeout=600, limits=limits) as client:
+        t0 = time.perf_counter()
+        await asyncio.gather(*(client_loop(client) for _ in range(concurrency)))
+        wall = time.perf_counter() - t0
+    q = np.quantile(latencies, [0.5, 0.9])
+    return {"tokens_per_s": round(tokens / wall, 1), "wall_s": round(wall, 3), "requests": len(bodies),
+            "completion_tokens": tokens, "latency_p50_s": round(float(q[0]), 4),
+            "latency_p90_s": round(float(q[1]), 4)}
+
+
+def _measure(server: Server, bodies: list[dict], concurrency: int, steered_sent: dict[str, int]) -> dict:
+    """One round on one server, then its steering counters checked against what was sent."""
+    row = asyncio.run(_round(server.url, bodies, concurrency))
+    if server.plugin:
+        steered_sent[server.name] += sum("vllm_xargs" in b for b in bodies)
+        counters = server.counters()
+        refused = {k: v for k, v in counters.items() if k.startswith("unsteered_") and v}
+        if refused or counters["steered_requests"] < steered_sent[server.name]:
+            raise SystemExit(f"{server.name}: {steered_sent[server.name]} steered requests sent, "
+                             f"mailbox counters {counters}")
+        row["steered_counted"] = counters["steered_requests"]
+    return row
+
+
+# ---------------------------------------------------------------- report
+def _summary(rounds: list[dict], concurrency: list[int], names: list[str]) -> list[dict]:
+    med = statistics.median
+    rows = []
+    for c in concurrency:
+        by = {n: [r for r in rounds if r["concurrency"] == c and r["server"] == n] for n in names}
+        n_rounds = min(len(v) for v in by.values())
+        if n_rounds == 0:
+            continue
+        row = {"concurrency": c, "rounds": n_rounds}
+        for n in names:
+            row[f"{n}_tokens_per_s"] = round(med(r["tokens_per_s"] for r in by[n][:n_rounds]), 1)
+            row[f"{n}_latency_p50_s"] = round(med(r["latency_p50_s"] for r in by[n][:n_rounds]), 4)
+        for n in names[1:]:
+            ratios = [a["tokens_per_s"] / b["tokens_per_s"] for a, b in zip(by[n], by["plugin_free"])]
+            row[f"{n}_over_plugin_free"] = round(med(ratios), 4)
+            row[f"{n}_over_plugin_free_range"] = [round(min(ratios), 4), round(max(ratios), 4)]
+        row["target_met"] = row["hotwire_over_plugin_free"] >= TARGET
+        rows.append(row)
+    return rows
+
+
+def _markdown(rows: list[dict], names: list[str]) -> str:
+    head = ["concurrency", "rounds"] + [f"{n} tok/s" for n in names] + \
+           [f"{n}/plugin_free (min-max)" for n in names[1:]] + \
+           [f"p50 latency s {'/'.join(names)}", f"hotwire >= {TARGET}"]
+    out = ["output tokens/s, median over rounds; ratios: median of per-round ratios", "",
+           "| " + " | ".join(head) + " |", "|" + " --- |" * len(head)]
+    for r in rows:
+        cells = [str(r["concurrency"]), str(r["rounds"])] + [f"{r[f'{n}_tokens_per_s']:g}" for n in names] + \
+                [f"{r[f'{n}_over_plugin_free']:.4f} ({r[f'{n}_over_plugin_free_range'][0]:.4f}-"
+                 f"{r[f'{n}_over_plugin_free_range'][1]:.4f})" for n in names[1:]] + \
+                ["/".join(f"{r[f'{n}_latency_p50_s']:.3f}" for n in names), "met" if r["target_met"] else "NOT met"]
+        out.append("| " + " | ".join(cells) + " |")
+    out.append("")
+    for r in rows:
+        verdict = "met" if r["target_met"] else "NOT met"
+        out.append(f"C={r['concurrency']}: hotwire/plugin-free {r['hotwire_over_plugin_free']:.4f} "
+                   f"(target >= {TARGET}): {verdict}" +
+                   (f"; eager/plugin-free {r['eager_over_plugin_free']:.4f}" if "eager" in names else ""))
+    return "\n".join(out)
+
+
+def _gpu_name() -> str | None:
+    try:
+        out = subprocess.run(["nvidia-smi", "--query-gpu=name,driver_version", "--format=csv,noheader"],
+                             capture_output=True, text=True, timeout=30)
+    except (OSError, subprocess.TimeoutExpired):
+        return None
+    return out.stdout.splitlines()[0].strip() if out.returncode == 0 and out.stdout.strip() else None
+
+
+# ---------------------------------------------------------------- main
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--shape", default="qwen3-0.6b", help="qwen3-0.6b | qwen3-4b | qwen3-8b (ignored with --smoke)")
+    ap.add_argument("--concurrency", type=int, nargs="+", help="requests in flight (default 64 256; smoke: 4 8)")
+    ap.add_argument("--requests-per-client", type=int, default=2, help="a round sends concurrency x this many (default 2)")
+    ap.add_argument("--rounds", type=int, help="measured rounds per concurrency (default 5; smoke: 2)")
+    ap.add_argument("--steered-fraction", type=float, default=0.5)
+    ap.add_argument("--eager", action="store_true", help="also a hotwire server with --enforce-eager")
+    ap.add_argument("--smoke", action="store_true", help="tiny model on CPU: checks the script, numbers mean nothing")
+    ap.add_argument("--out", type=Path, required=True)
+    args = ap.parse_args()
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))  # run `finally`: stop the servers
+
+    gpu = None if args.smoke else _gpu_name()
+    if not args.smoke and gpu is None:
+        raise SystemExit("no NVIDIA GPU (nvidia-smi): use --smoke to check the script on CPU")
+    concurrency = args.concurrency or ([4, 8] if args.smoke else [64, 256])
+    rounds = args.rounds or (2 if args.smoke else 5)
+    prompt_len, max_tokens = (16, 8) if args.smoke else (128, 128)
+    work = Path(tempfile.mkdtemp(prefix="hotwire-serve-"))
+    if args.smoke:
+        from hotwire.engine_plugin.tiny_model import build_tiny
+
+        model, shape_name = build_tiny(work / "tiny-qwen3", hidden=128, layers=4), "tiny"
+    else:
+        from hotwire.engine_plugin.tiny_model import write_config
+
+        model, shape_name = write_config(work / args.shape, args.shape), args.shape
+    shape = json.loads((model / "config.json").read_text())
+
+    from hotwire.shared.wire import encode_safetensors
+
+    (work / "vectors").mkdir()
+    rng = np.random.default_rng(0)
+    for i in range(N_VECTORS):
+        vec = rng.standard_normal(shape["hidden_size"]).astype(np.float32)
+        (work / "vectors" / f"v{i}.safetensors").write_bytes(encode_safetensors(vec))
+
+    engine = dict(skip_tokenizer_init=True, max_num_seqs=max(concurrency))
+    if args.smoke:
+        engine.update(dtype="float32", enforce_eager=True, max_model_len=512, kv_cache_memory_bytes=128 * 2**20)
+    else:  # KV room for every request of the largest concurrency (16-token blocks) plus a quarter
+        per_token = 2 * shape["num_hidden_layers"] * shape["num_key_value_heads"] * shape["head_dim"] * 2  # bf16
+        kv_tokens = max(4096, int(1.25 * max(concurrency) * 16 * math.ceil((prompt_len + max_tokens) / 16)))
+        engine.update(load_format="dummy", dtype="bfloat16", attention_backend="TRITON_ATTN", max_model_len=2048,
+                      kv_cache_memory_bytes=kv_tokens * per_token, gpu_memory_utilization=GPU_MEMORY_UTILIZATION)
+    names = ["plugin_free", "hotwire"] + (["eager"] if args.eager else [])
+    servers = [Server(n, work, model, engine, work / "vectors") for n in names]
+
+    result = {"command": " ".join([Path(sys.executable).name] + sys.argv), "date": time.strftime("%Y-%m-%d %H:%M"),
+              "host": platform.node(), "gpu": gpu or "cpu", "torch": version("torch"), "shape": shape_name,
+              "config": {k: shape[k] for k in ("hidden_size", "num_hidden_layers", "vocab_size")},
+              "engine": engine, "servers": names, "concurrency": concurrency, "rounds": rounds,
+              "requests_per_round": {str(c): c * args.requests_per_client for c in concurrency},
+              "prompt_len": prompt_len, "max_tokens": max_tokens, "steered_fraction": args.steered_fraction,
+              "env": {k: os.environ[k] for k in ("VLLM_USE_V2_MODEL_RUNNER",) if k in os.environ},
+              "phases_s": {}, "samples": []}
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    print(f"work dir (server logs): {work}", flush=True)
+    steered_sent = {n: 0 for n in names}
+    try:
+        t0 = time.monotonic()
+        for s in servers:
+            s.start()
+        result["startup_s"] = _wait_ready(servers, t0)
+        result["vllm"] = httpx.get(servers[0].url + "/version", timeout=10).json().get("version")
+        result["phases_s"]["startup"] = round(time.monotonic() - t0, 1)
+        print(f"startup: {result['phases_s']['startup']:.0f} s (vLLM {result['vllm']})", flush=True)
+        for c in concurrency:
+            n = c * args.requests_per_client
+            t = time.monotonic()
+            warm = _bodies(c, 10_000 + c, shape, args.steered_fraction, prompt_len, max_tokens)  # one wave
+            for s in servers:
+                row = _measure(s, warm, c, steered_sent)
+                print(f"C={c} warm-up {s.name}: {row['tokens_per_s']:.0f} tok/s", flush=True)
+            result["phases_s"][f"c{c}_warmup"] = round(time.monotonic() - t, 1)
+            t_rounds = time.monotonic()
+            for r in range(rounds):
+                t = time.monotonic()
+                bodies = _bodies(n, 1000 * c + r, shape, args.steered_fraction, prompt_len, max_tokens)
+                order = servers[r % len(servers):] + servers[:r % len(servers)]
+                for s in order:
+                    row = _measure(s, bodies, c, steered_sent)
+                    result["samples"].append({"concurrency": c, "round": r, "server": s.name, **row})
+                    result["rows"] = _summary(result["samples"], concurrency, names)
+                    args.out.write_text(json.dumps(result, indent=1))  # partial results survive a time-out
+                tps = {x["server"]: x["tokens_per_s"] for x in result["samples"][-len(servers):]}
+                cells = [f"{n} {tps[n]:.0f}" for n in names] + \
+                        [f"{n}/plugin_free {tps[n] / tps['plugin_free']:.4f}" for n in names[1:]]
+                print(f"C={c} round {r}: tok/s {', '.join(cells)} ({time.monotonic() - t:.0f} s)", flush=True)
+            result["phases_s"][f"c{c}_rounds"] = round(time.monotonic() - t_rounds, 1)
+    finally:
+        _stop(servers)
+    result["phases_s"]["total"] = round(time.monotonic() - t0, 1)
+    args.out.write_text(json.dumps(result, indent=1))
+    print(f"\n{shape_name} on {result['gpu']}, vLLM {result['vllm']}, {args.steered_fraction:.0%} steered, "
+          f"prompt {prompt_len} + {max_tokens} tokens, phases {result['phases_s']}"
+          + (" (smoke: the numbers mean nothing)" if args.smoke else "") + "\n")
+    print(_markdown(result["rows"], names))
+
+
+if __name__ == "__main__":
+    main()
