@@ -22,8 +22,9 @@ case $stage in
   checks)
     job gpu-v2 python3 -m pytest -m gpu tests/test_gpu.py -k v2 --basetemp /tmp/pt-gpu-v2 -p no:cacheprovider -rA
     job gpu-v1 python3 -m pytest -m gpu tests/test_gpu.py -k v1 --basetemp /tmp/pt-gpu-v1 -p no:cacheprovider -rA
-    job e2e env HOTWIRE_E2E_GPU=1 python3 -m pytest tests/test_e2e_serve.py --basetemp /tmp/pt-e2e \
-      -p no:cacheprovider -rA
+    # batch-invariant kernels: the e2e tests compare a request in flight with the same request alone
+    job e2e env HOTWIRE_E2E_GPU=1 VLLM_BATCH_INVARIANT=1 python3 -m pytest tests/test_e2e_serve.py \
+      --basetemp /tmp/pt-e2e -p no:cacheprovider -rA
     job kt-check python3 benchmarks/kernel_time.py --shape qwen3-0.6b --batches 1 64 --steps 16 --prefill 4096 \
       --repeats 1 --out "$out/kt-check.json"  # engines beside it: checks the profiler sees graph kernels, not timing
     ;;

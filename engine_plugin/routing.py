@@ -2,8 +2,9 @@
 
 Per request, on arrival only: parse the spec, resolve each entry to a bank slot and write one
 request row ``[A, K]`` of the route/coef tables. Per step: one vectorised ``np.repeat`` of
-request rows over the step's token counts, copied to ``tok_row`` only when it changed (decode
-steps of a steady batch reuse it: positions, not the map, move the token windows).
+request rows over the step's token counts; when it or the rows changed, one copy to ``tok_row``
+and one gather of the rows into the per-token tables the op reads (decode steps of a steady
+batch reuse them: positions, not the map, move the token windows).
 """
 
 from __future__ import annotations
@@ -35,7 +36,8 @@ class Router:
         self.entries = self.tables.route.shape[2]
         self._ids: list[str] = []  # the last step's batch, to skip unchanged decode steps
         self._counts = np.zeros(0, dtype=np.int32)
-        self._dirty = False  # a request's row changed since the last route()
+        self._dirty = False  # a request arrived or left since the last route()
+        self._rows_written = False  # commit() changed request rows since the last per-token copy
         self.active: dict[str, _Steered] = {}
         self._free = list(range(requests, 0, -1))  # request row 0 is the null row
         self._staged: list[tuple[int, np.ndarray, np.ndarray]] = []
@@ -106,6 +108,7 @@ class Router:
         idx = torch.tensor(rows, dtype=torch.long, device=dev)
         self.tables.route.index_copy_(0, idx, torch.from_numpy(np.stack(route)).to(dev, non_blocking=True))
         self.tables.coef.index_copy_(0, idx, torch.from_numpy(np.stack(coef)).to(dev, non_blocking=True))
+        self._rows_written = True
 
     # -- per step -----------------------------------------------------------------------------
     def route(self, req_ids: Sequence[str], num_tokens: np.ndarray) -> None:
@@ -123,11 +126,10 @@ class Router:
             tok = np.repeat(rows, num_tokens) if rows.any() else self._tok[:0]
         else:
             tok = self._tok[:0]
-        if tok.shape == self._tok.shape and np.array_equal(tok, self._tok):
+        if not self._rows_written and tok.shape == self._tok.shape and np.array_equal(tok, self._tok):
             return
         n = len(tok)
         if n:
             self.tables.tok_row[:n].copy_(torch.from_numpy(tok), non_blocking=True)
-        if len(self._tok) > n:
-            self.tables.tok_row[n:len(self._tok)].zero_()
-        self._tok = tok
+        self.tables.load_tokens(n, stale=len(self._tok))
+        self._tok, self._rows_written = tok, False

@@ -5,12 +5,17 @@ At the end of armed layer ``L`` every token ``t`` of request ``r`` gets
     h_L[t] += sum_k  coef[r, L, k] * bank[slot[r, L, k]]     for k with lo <= pos[t] < hi
 
 on the residual stream. The op is plain tensor code inside the layer's forward, so
-torch.compile traces it and inductor fuses it into the neighbouring elementwise/norm kernel:
-no extra launches, no graph break. All state lives in buffers allocated once, before
-compile and CUDA-graph capture; steering on/off and vector changes are content updates
-between replays (invariant 4). Row 0 of the bank and of the request table is the null
-entry, so an unsteered token reads zeros and is returned untouched (``torch.where``), bit
-for bit (invariant 1).
+torch.compile traces it and inductor fuses it into the next norm kernel: no extra launches,
+no graph break. All state lives in buffers allocated once, before compile and CUDA-graph
+capture; steering on/off and vector changes are content updates between replays
+(invariant 4).
+
+Cost is latency at small batches: a decode step runs one tiny kernel per layer, and each
+dependent load chained into it adds its memory latency. So the op reads per-token copies of
+the routing rows (``tok_route``/``tok_coef``, refreshed by the router only when the batch
+changes), addressed by token index: the bank row is the only dependent load. Entries that
+are off add ``-0.0``, the exact identity of float addition, so an unsteered token keeps its
+bits (invariant 1) with no select over the whole row and no reduction in front of it.
 """
 
 from __future__ import annotations
@@ -26,46 +31,60 @@ _LAYER_INDEX = re.compile(r"(?:^|\.)layers\.(\d+)$")
 
 
 class SteeringTables(nn.Module):
-    """GPU bank + per-request routing + per-token request map, at fixed addresses.
+    """GPU bank, per-request routing rows and their per-token copies, at fixed addresses.
 
     Shapes (S slots, H hidden, A armed layers, R request rows, K entries, N max tokens)::
 
-        bank    [S+1, H]      model dtype   row 0 = zeros
-        route   [R+1, A, K, 3] int32        (bank row, lo, hi) per entry; request row 0 = null
-        coef    [R+1, A, K]   float32       scale per entry
+        bank      [S+1, H]        model dtype   row 0 = zeros
+        route     [R+1, A, K, 3]  int32         (bank row, lo, hi) per entry; request row 0 = null
+        coef      [R+1, A, K]     float32       scale per entry
+        tok_row   [N]             int32         request row of each token of the current step
+        tok_route [N, A, K, 3]    int32         route[tok_row]: what the op reads, by token
+        tok_coef  [N, A, K]       float32       coef[tok_row]
 
     Request-major, so admitting requests is one ``index_copy_`` of whole rows.
-        tok_row [N]           int32         request row of each token of the current step
     """
 
     def __init__(self, *, slots: int, hidden: int, armed: int, requests: int, entries: int,
                  max_tokens: int, dtype: torch.dtype, device: torch.device):
         super().__init__()
-        kw = dict(device=device)
-        self.register_buffer("bank", torch.zeros(slots + 1, hidden, dtype=dtype, **kw), persistent=False)
-        self.register_buffer("route", torch.zeros(requests + 1, armed, entries, 3, dtype=torch.int32, **kw),
-                             persistent=False)
-        self.register_buffer("coef", torch.zeros(requests + 1, armed, entries, dtype=torch.float32, **kw),
-                             persistent=False)
-        self.register_buffer("tok_row", torch.zeros(max_tokens, dtype=torch.int32, **kw), persistent=False)
+
+        def buf(name: str, *shape: int, dtype: torch.dtype = torch.int32) -> None:
+            self.register_buffer(name, torch.zeros(*shape, dtype=dtype, device=device), persistent=False)
+
+        buf("bank", slots + 1, hidden, dtype=dtype)
+        buf("route", requests + 1, armed, entries, 3)
+        buf("coef", requests + 1, armed, entries, dtype=torch.float32)
+        buf("tok_row", max_tokens)
+        buf("tok_route", max_tokens, armed, entries, 3)
+        buf("tok_coef", max_tokens, armed, entries, dtype=torch.float32)
 
     @property
     def nbytes(self) -> int:
         return sum(b.numel() * b.element_size() for b in self.buffers())
+
+    def load_tokens(self, n: int, stale: int = 0) -> None:
+        """Copy the request rows named by ``tok_row[:n]`` to the per-token tables; null ``[n, stale)``."""
+        torch.index_select(self.route, 0, self.tok_row[:n], out=self.tok_route[:n])
+        torch.index_select(self.coef, 0, self.tok_row[:n], out=self.tok_coef[:n])
+        if stale > n:
+            self.tok_route[n:stale].zero_()
+            self.tok_coef[n:stale].zero_()
 
     def forward(self, x: torch.Tensor, positions: torch.Tensor, i: int) -> torch.Tensor:
         # x: [T, H] residual stream after the layer; positions: [T] (or [3, T] for M-RoPE)
         if positions.dim() == 2:
             positions = positions[0]
         n = x.shape[0]
-        row = self.tok_row[:n]                                      # [T]
-        route = self.route[row, i]                                  # [T, K, 3]
+        route = self.tok_route[:n, i]                               # [T, K, 3]
         pos = positions[:n, None]                                   # [T, 1]
         on = (pos >= route[..., 1]) & (pos < route[..., 2])         # [T, K]
-        w = torch.where(on, self.coef[row, i], 0.0)                 # [T, K]
-        v = self.bank[route[..., 0]].float()                        # [T, K, H]
-        delta = (w[..., None] * v).sum(1)                           # [T, H]
-        return torch.where(on.any(-1, keepdim=True), (x.float() + delta).to(x.dtype), x)
+        coef = self.tok_coef[:n, i]                                 # [T, K]
+        out = x.float()                                             # [T, H]
+        for k in range(route.shape[1]):  # K is small and static: unrolled, fused into one kernel
+            v = self.bank[route[:, k, 0]].float() * coef[:, k, None]  # [T, H]
+            out = out + torch.where(on[:, k, None], v, -0.0)
+        return out.to(x.dtype)
 
 
 @dataclass(frozen=True)

@@ -41,7 +41,9 @@ pytestmark = [requires_vllm, pytest.mark.vllm, pytest.mark.slow]
 
 # Every server runs with the engine settings of tests/test_engine.py; ``HOTWIRE_E2E_GPU=1`` runs
 # the same flow on a CUDA box as deployed there (bf16, torch.compile + CUDA graphs; TRITON_ATTN is
-# the attention backend the offline H200 bundle carries). Fixed KV budgets let servers start side by side.
+# the attention backend the offline H200 bundle carries), with ``VLLM_BATCH_INVARIANT=1`` so that a
+# request in flight and the same request alone may be compared (GPU kernels are not batch-invariant
+# by default; CPU ones are). Fixed KV budgets let servers start side by side.
 GPU_ENGINE = dict(dtype="bfloat16", attention_backend="TRITON_ATTN", gpu_memory_utilization=0.05,
                   kv_cache_memory_bytes=512 * 2**20, max_model_len=512, max_num_seqs=16,
                   max_num_batched_tokens=64, enable_prefix_caching=True, seed=0)

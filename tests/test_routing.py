@@ -94,14 +94,43 @@ def test_route_maps_tokens_to_rows_and_clears_what_it_no_longer_uses(rig):
     control.write(0, "v", ANY_LAYER, np.ones(H, np.float32), gen=1)
     sync.apply()
     router.admit("s", _spec({"id": "v", "layer": 1}), prompt_len=3)
+    router.commit()
     row = router.active["s"].row
+
+    def token_rows() -> list[int]:
+        """The request row each token's per-token copy matches (0 = the null row)."""
+        out = []
+        for t in range(6):
+            hits = [r for r in range(REQUESTS + 1) if torch.equal(tables.tok_route[t], tables.route[r])
+                    and torch.equal(tables.tok_coef[t], tables.coef[r])]
+            out.append(0 if 0 in hits else hits[0])
+        return out
+
     router.route(["u", "s", "u2"], np.array([2, 3, 1]))
-    assert tables.tok_row[:6].tolist() == [0, 0, row, row, row, 0]
-    router.route(["s"], np.array([1]))  # decode step: shorter batch, stale tail zeroed
-    assert tables.tok_row[:6].tolist() == [row, 0, 0, 0, 0, 0]
+    assert token_rows() == [0, 0, row, row, row, 0]
+    router.route(["s"], np.array([1]))  # decode step: shorter batch, stale tail nulled
+    assert token_rows() == [row, 0, 0, 0, 0, 0]
     router.finish(["s"])
     router.route(["u"], np.array([4]))
-    assert tables.tok_row.abs().sum() == 0
+    assert tables.tok_route.abs().sum() == 0 and tables.tok_coef.abs().sum() == 0
+
+
+def test_reused_row_with_the_same_token_map_is_copied_again(rig):
+    """A request leaves and the next one takes its row: same token map, new row contents."""
+    tables, _, _, sync, router, control = rig
+    control.write(0, "v", ANY_LAYER, np.ones(H, np.float32), gen=1)
+    sync.apply()
+    router.admit("a", _spec({"id": "v", "layer": 1, "scale": 1.0}), prompt_len=3)
+    router.commit()
+    router.route(["a"], np.array([3]))
+    row = router.active["a"].row
+    router.finish(["a"])
+    router.admit("b", _spec({"id": "v", "layer": 1, "scale": -3.0}), prompt_len=3)
+    assert router.active["b"].row == row
+    router.commit()
+    router.route(["b"], np.array([3]))
+    assert torch.equal(tables.tok_coef[:3], tables.coef[row].expand(3, -1, -1))
+    assert tables.tok_coef[:3].min() == -3.0
 
 
 def test_retirement_is_acked_only_with_current_refs(rig):

@@ -32,6 +32,7 @@ def test_entries_add_scaled_rows_on_their_positions_only():
     t.route[1, 0, 1] = torch.tensor([5, 2, 4], dtype=torch.int32)
     t.coef[1, 0] = torch.tensor([1.5, -2.0])
     t.tok_row[:6] = torch.tensor([0, 1, 1, 1, 1, 0], dtype=torch.int32)  # tokens 1-4 belong to request row 1
+    t.load_tokens(6)
     x, pos = torch.randn(6, H), torch.tensor([9, 0, 1, 2, 3, 4])
     out = t(x, pos, 0)
     want = x.clone()
@@ -44,11 +45,37 @@ def test_entries_add_scaled_rows_on_their_positions_only():
     assert torch.equal(t(x, pos, 1), x)  # the other armed layer has no entries
 
 
+def test_steered_request_keeps_its_bits_outside_its_window():
+    t = _tables()
+    t.route[1, 0, 0] = torch.tensor([3, 100, 200], dtype=torch.int32)  # a window no token is in
+    t.coef[1, 0, 0] = 2.0
+    t.tok_row[:4] = 1
+    t.load_tokens(4)
+    x = torch.randn(4, H).to(torch.bfloat16)
+    x[0, :2] = torch.tensor([-0.0, 0.0])
+    out = t.to(torch.bfloat16)(x, torch.arange(4), 0)
+    assert torch.equal(out.view(torch.int16), x.view(torch.int16))  # every bit, signed zeros included
+
+
+def test_load_tokens_nulls_the_stale_tail():
+    t = _tables()
+    t.route[1, 0, 0] = torch.tensor([3, 0, 2**31 - 1], dtype=torch.int32)
+    t.coef[1, 0, 0] = 1.0
+    t.tok_row[:4] = 1
+    t.load_tokens(4)
+    x = torch.randn(4, H)
+    assert not torch.equal(t(x, torch.arange(4), 0)[3], x[3])
+    t.load_tokens(2, stale=4)  # the batch shrank to two tokens
+    assert torch.equal(t(x, torch.arange(4), 0)[2:], x[2:])
+    assert t.tok_route[2:4].abs().sum() == 0 and t.tok_coef[2:4].abs().sum() == 0
+
+
 def test_mrope_positions_use_the_first_row():
     t = _tables()
     t.route[1, 0, 0] = torch.tensor([2, 3, 4], dtype=torch.int32)
     t.coef[1, 0, 0] = 1.0
     t.tok_row[:2] = 1
+    t.load_tokens(2)
     x = torch.zeros(2, H)
     out = t(x, torch.tensor([[3, 4], [0, 0], [0, 0]]), 0)
     assert torch.equal(out[0], t.bank[2]) and torch.equal(out[1], x[1])
@@ -83,6 +110,7 @@ def test_arm_wraps_only_chosen_layers_and_keeps_names():
     t.route[1, 0, 0] = torch.tensor([1, 0, 2**31 - 1], dtype=torch.int32)
     t.coef[1, 0, 0] = 2.0
     t.tok_row[:3] = 1
+    t.load_tokens(3)
     x, pos = torch.randn(3, H), torch.arange(3)
     h, r = model.layers[2](pos, x, None)
     torch.testing.assert_close(r, x + 2.0 * t.bank[1])
