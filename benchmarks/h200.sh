@@ -2,9 +2,9 @@
 # Every GPU figure and check of hotwire, as run on the lent H200 (vLLM 0.25.1 offline bundle,
 # ../shared/device/README.md). Two stages, each sized for one 10-minute device call:
 #
-#   bash benchmarks/h200.sh checks OUTDIR   # GPU suite (both runners), e2e operator flow, profiler check
-#   bash benchmarks/h200.sh perf   OUTDIR   # host work per step; kernel time 0.6B (+ eager) and 4B
-#   bash benchmarks/h200.sh perf2  OUTDIR   # kernel time 8B, served throughput, then the arch matrix
+#   bash benchmarks/h200.sh checks OUTDIR   # GPU suite (both runners), e2e operator flow, arch matrix
+#   bash benchmarks/h200.sh perf   OUTDIR   # kernel time per decode step / prefill: Qwen3 0.6B (+ eager), 4B, 8B
+#   bash benchmarks/h200.sh serve  OUTDIR   # host work per step; served tokens/s, hotwire vs plugin-free
 #
 # Checks run side by side (engines share the GPU with fixed KV budgets); timed runs never overlap
 # a measurement (kernel_time.py takes a GPU lock). Every job has a time limit, writes its log to
@@ -25,22 +25,23 @@ case $stage in
     # batch-invariant kernels: the e2e tests compare a request in flight with the same request alone
     job e2e env HOTWIRE_E2E_GPU=1 VLLM_BATCH_INVARIANT=1 python3 -m pytest tests/test_e2e_serve.py \
       --basetemp /tmp/pt-e2e -p no:cacheprovider -rA
+    job arch python3 benchmarks/arch_matrix.py --jobs 3 --out "$out/arch-matrix"
     job kt-check python3 benchmarks/kernel_time.py --shape qwen3-0.6b --batches 1 64 --steps 16 --prefill 4096 \
       --repeats 1 --out "$out/kt-check.json"  # engines beside it: checks the profiler sees graph kernels, not timing
     ;;
   perf)
+    lock=$(mktemp)  # one GPU lock for all shapes: start-ups overlap, measurements do not
+    for shape in qwen3-0.6b qwen3-4b qwen3-8b; do
+      [ $shape = qwen3-0.6b ] && kinds="plugin_free hotwire eager" || kinds="plugin_free hotwire"
+      job kt-$shape python3 benchmarks/kernel_time.py --shape $shape --processes $kinds --repeats 1 --steps 32 \
+        --parallel 2 --lock "$lock" --out "$out/kernel-time-$shape.json"
+    done
+    ;;
+  serve)
     job host python3 benchmarks/host_overhead.py --repeat 400 --out "$out/host-overhead.json"
     wait
-    lock=$(mktemp)  # one GPU lock for both runs: start-ups overlap, measurements do not
-    job kt-0.6b python3 benchmarks/kernel_time.py --shape qwen3-0.6b --processes plugin_free hotwire eager \
-      --repeats 2 --parallel 3 --lock "$lock" --out "$out/kernel-time-qwen3-0.6b.json"
-    job kt-4b python3 benchmarks/kernel_time.py --shape qwen3-4b --repeats 1 --parallel 2 --lock "$lock" \
-      --out "$out/kernel-time-qwen3-4b.json"
+    job serve python3 benchmarks/serve_throughput.py --shape qwen3-0.6b --rounds 8 --out "$out/serve-qwen3-0.6b.json"
     ;;
-  perf2)
-    job kt-8b python3 benchmarks/kernel_time.py --shape qwen3-8b --repeats 1 --parallel 2 \
-      --out "$out/kernel-time-qwen3-8b.json"
-    ;;
-  *) echo "usage: $0 checks|perf|perf2 OUTDIR" >&2; exit 2 ;;
+  *) echo "usage: $0 checks|perf|serve OUTDIR" >&2; exit 2 ;;
 esac
 wait
