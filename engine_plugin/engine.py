@@ -69,8 +69,9 @@ class Steerer:
         found = decoder_layers(model)
         armed = [i for i in cfg.armed_layers(n_layers) if i in found]
         if not armed:
-            log.warning("hotwire: found no decoder layers to arm in %s (HOTWIRE_LAYERS=%s); "
-                        "serving without steering", type(model).__name__, cfg.layers)
+            log.warning("hotwire: found no decoder layers to arm in %s (HOTWIRE_LAYERS=%s; hotwire arms "
+                        "*DecoderLayer modules whose forward takes vLLM's positions); serving without steering",
+                        type(model).__name__, cfg.layers)
             return None
         requests = 2 * int(vllm_config.scheduler_config.max_num_seqs)
         max_tokens = int(getattr(runner, "max_num_tokens", vllm_config.scheduler_config.max_num_batched_tokens))

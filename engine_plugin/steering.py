@@ -21,6 +21,7 @@ bits (invariant 1) with no select over the whole row and no reduction in front o
 from __future__ import annotations
 
 import functools
+import inspect
 import re
 from dataclasses import dataclass
 
@@ -100,22 +101,38 @@ class ArmedModel:
 
 
 def decoder_layers(model: nn.Module) -> dict[int, nn.Module]:
-    """``{layer index: module}`` for every ``*DecoderLayer`` this rank holds."""
+    """``{layer index: module}`` for every ``*DecoderLayer`` this rank holds that can be steered.
+
+    The op needs each token's position, so only layers whose forward takes vLLM's ``positions``
+    qualify. Others are left alone: the Transformers modeling backend's layers (``position_ids``,
+    a batch dimension), Mamba-style mixers, OPT; a model with none of them serves unsteered.
+    """
     found: dict[int, nn.Module] = {}
     for name, mod in model.named_modules():
         m = _LAYER_INDEX.search(name)
-        if m and type(mod).__name__.endswith("DecoderLayer"):
+        if m and type(mod).__name__.endswith("DecoderLayer") and _positions_arg(type(mod)) is not None:
             found.setdefault(int(m.group(1)), mod)
     return found
 
 
 @functools.cache
+def _positions_arg(cls: type) -> int | None:
+    """Index of ``positions`` among the positional arguments of ``cls.forward``, or None."""
+    params = list(inspect.signature(cls.forward).parameters.values())[1:]
+    for i, p in enumerate(params):
+        if p.name == "positions" and p.kind is inspect.Parameter.POSITIONAL_OR_KEYWORD:
+            return i
+    return None
+
+
+@functools.cache
 def _steered_class(base: type) -> type:
     """A subclass of ``base`` whose forward steers the residual stream it returns."""
+    at = _positions_arg(base)
 
     def forward(self, *args, **kwargs):
         out = base.forward(self, *args, **kwargs)
-        positions = kwargs["positions"] if "positions" in kwargs else args[0]
+        positions = kwargs["positions"] if "positions" in kwargs else args[at]
         if isinstance(out, tuple) and len(out) == 2 and out[1] is not None:
             hidden, residual = out  # vLLM's fused pair: the stream is hidden + residual
             return hidden, self.hotwire(residual, positions, self.hotwire_index)

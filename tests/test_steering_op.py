@@ -116,6 +116,33 @@ def test_arm_wraps_only_chosen_layers_and_keeps_names():
     torch.testing.assert_close(r, x + 2.0 * t.bank[1])
 
 
+class HFStyleDecoderLayer(nn.Module):  # the Transformers modeling backend: no vLLM positions
+    def forward(self, hidden_states, attention_mask=None, position_ids=None):
+        return hidden_states
+
+
+class HybridDecoderLayer(QwenishDecoderLayer):  # positions after the stream, as in Qwen3Next
+    def forward(self, hidden_states, residual, positions):
+        return super().forward(positions, hidden_states, residual)
+
+
+def test_only_layers_taking_positions_are_found_and_positions_are_read_by_name():
+    model = Model(3)
+    model.layers[0] = HFStyleDecoderLayer()
+    model.layers[1] = HybridDecoderLayer()
+    found = decoder_layers(model)
+    assert sorted(found) == [1, 2]
+    t = _tables(armed=1)
+    arm(found, [1], t)
+    t.route[1, 0, 0] = torch.tensor([1, 2, 3], dtype=torch.int32)  # slot 1 on positions [2, 3)
+    t.coef[1, 0, 0] = 1.0
+    t.tok_row[:3] = 1
+    t.load_tokens(3)
+    x, pos = torch.randn(3, H), torch.tensor([0, 1, 2])
+    _, r = model.layers[1](x, None, pos)
+    torch.testing.assert_close(r, x + torch.stack([torch.zeros(H), torch.zeros(H), t.bank[1]]))
+
+
 def test_steered_layer_compiles_without_graph_breaks():
     model = Model(1)
     t = _tables(armed=1)
