@@ -16,9 +16,13 @@ Job::
 
 Each round is one ``llm.generate`` call (one batch). Output::
 
-    {"rounds": [[{"tokens": [...], "logprobs": [...]}, ...]], "hotwire": bool,
-     "counters": {...}, "graph_counts": [{"compiles": n, "captures": n} after warm-up, after each round],
+    {"rounds": [[{"tokens": [...], "logprobs": [...]}, ...]], "hotwire": bool, "armed": [layer, ...],
+     "counters": {...},
+     "graph_counts": [{"compiles": n, "captures": n} after warm-up, after each round, after timing],
      "timing": {"idle_ms": [...], "steered_ms": [...]}}
+
+``armed`` lists the decoder layers the plugin armed, as its mailbox publishes them (empty when
+the plugin is absent, armed nothing, or runs without a mailbox).
 
 ``timing`` measures decode step time in this one engine, idle and steered rounds alternating:
 (t(8 + steps tokens) - t(8 tokens)) / steps for one batch.
@@ -89,15 +93,18 @@ def main(job_path: str, out_path: str) -> None:
         if snapshot:
             graphs.append(snapshot())
     timing = _timing(generate, job["timing"]) if job.get("timing") else None
+    if snapshot and timing:
+        graphs.append(snapshot())
 
-    counters = {}
+    counters, armed = {}, []
     box = os.environ.get("HOTWIRE_MAILBOX")
     if job.get("plugin", True) and box and os.path.exists(box):
         from hotwire.shared.mailbox import MailboxView
 
-        counters = MailboxView.open(box).counters()
-    json.dump({"rounds": rounds, "hotwire": _hotwire_active(), "counters": counters, "graph_counts": graphs,
-               "timing": timing}, open(out_path, "w"))
+        view = MailboxView.open(box)
+        counters, armed = view.counters(), view.armed_layers()
+    json.dump({"rounds": rounds, "hotwire": _hotwire_active(), "armed": armed, "counters": counters,
+               "graph_counts": graphs, "timing": timing}, open(out_path, "w"))
 
 
 def _timing(generate, t: dict) -> dict[str, list[float]]:

@@ -1,10 +1,16 @@
 """``hotwire verify --model PATH``: does steering work on this box, with this model?
 
-Runs two real engines, each in its own process: a plugin-free one and one with hotwire armed,
-over the same batch, where only request 0 is steered with a throwaway vector (a unit vector
-toward one output token, at the last layer). Checks that steering fires, that every batchmate
-is bit-identical to the plugin-free run, and times idle vs all-steered decode in the armed
-engine. Prints a report block to paste into an issue; exit status 0 only if both checks pass.
+Runs two real engines, each in its own process, over the same work: a plugin-free one and one
+with hotwire loaded. One batch where only request 0 is steered with a throwaway vector (a unit
+vector toward one output token, at the last layer), then idle vs all-steered decode timing.
+Checks that hotwire armed the model, that steering fires, that every batchmate is bit-identical
+to the plugin-free run, and that the armed engine captured its CUDA graphs once and compiled
+exactly what the plugin-free engine compiled. Prints a report block to paste into an issue
+(``--json`` writes the same fields).
+
+Exit status: 0 all checks pass; 3 hotwire armed nothing (an architecture it cannot steer) and
+the engine served every request exactly like the plugin-free one; 1 anything else. (Not 2:
+argparse exits 2 on a usage error.)
 """
 
 from __future__ import annotations
@@ -21,6 +27,8 @@ from pathlib import Path
 
 import numpy as np
 
+NOT_ARMED = 3
+
 
 def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--model", required=True, help="local model directory (weights or config.json + --dummy)")
@@ -28,6 +36,13 @@ def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--scale", type=float, default=64.0, help="steering scale of the throwaway vector")
     parser.add_argument("--batch", type=int, default=8)
     parser.add_argument("--eager", action="store_true", help="enforce_eager (default: graphs + compile on GPU)")
+    parser.add_argument("--timing-steps", type=int, default=64, help="decode steps per timed call")
+    parser.add_argument("--quantization", help="vLLM quantization method, e.g. fp8 (online FP8 of a bf16 model)")
+    parser.add_argument("--attention-backend", help="vLLM attention backend, e.g. TRITON_ATTN (default: vLLM's)")
+    parser.add_argument("--engine-args", type=json.loads, default={},
+                        help="more LLM(...) keyword arguments as a JSON object, applied last "
+                             '(e.g. \'{"gpu_memory_utilization": 0.08}\' when engines share a GPU)')
+    parser.add_argument("--json", type=Path, help="also write the report's fields to this JSON file")
     parser.set_defaults(run=run)
 
 
@@ -42,14 +57,32 @@ def _direction(model_dir: Path, hidden: int, token: int) -> np.ndarray:
     return v / np.linalg.norm(v)
 
 
-def _run_job(work: Path, name: str, job: dict, env: dict[str, str]) -> dict:
+def _run_job(work: Path, name: str, job: dict, env: dict[str, str]) -> tuple[dict, list[str]]:
+    """One engine process: its JSON output and the plugin's own log lines (``hotwire: ...``)."""
     (work / f"{name}.json").write_text(json.dumps(job))
     proc = subprocess.run([sys.executable, "-m", "hotwire.engine_plugin.jobs", str(work / f"{name}.json"),
                            str(work / f"{name}.out.json")], env=env, capture_output=True, text=True)
+    log = proc.stdout + proc.stderr
     if proc.returncode != 0:
-        sys.stderr.write(proc.stdout[-3000:] + proc.stderr[-6000:])
-        raise SystemExit(f"hotwire verify: the {name} engine failed (exit {proc.returncode})")
-    return json.loads((work / f"{name}.out.json").read_text())
+        sys.stderr.write(log[-9000:])
+        last = next((line for line in reversed(log.splitlines()) if line.strip()), "")
+        raise SystemExit(f"hotwire verify: the {name} engine failed (exit {proc.returncode}): {last.strip()}")
+    lines = [line[line.index("hotwire:"):] for line in log.splitlines() if "hotwire:" in line]
+    return json.loads((work / f"{name}.out.json").read_text()), lines
+
+
+def _graphs(armed: list[dict], free: list[dict], eager: bool) -> dict:
+    """CUDA-graph captures and dynamo compiles, after warm-up, the round and the timing rounds.
+
+    Passes when the armed engine counts exactly what the plugin-free engine counts at every
+    point (vLLM may compile a shape range lazily, with or without the plugin) and never
+    captures again after start; with graphs on, it must have captured some.
+    """
+    captures = armed[0]["captures"]
+    unchanged = all(c["captures"] == captures for c in armed)
+    same = armed == free
+    return {"captures": captures, "unchanged": unchanged, "compiles": [c["compiles"] for c in armed],
+            "equal_plugin_free": same, "ok": same and unchanged and (eager or captures > 0)}
 
 
 def run(args: argparse.Namespace) -> int:
@@ -74,32 +107,92 @@ def run(args: argparse.Namespace) -> int:
         engine["load_format"] = "dummy"
     if not gpu:
         engine.update(dtype="float32", kv_cache_memory_bytes=256 * 2**20)
+    if args.quantization:
+        engine["quantization"] = args.quantization
+    if args.attention_backend:
+        engine["attention_backend"] = args.attention_backend
+    engine.update(args.engine_args)
     spec = {"id": "verify", "layer": n_layers - 1, "scale": args.scale}
     rng = np.random.default_rng(1)
     batch = [{"prompt_token_ids": rng.integers(0, vocab, 24).tolist(), "max_tokens": 16, "logprobs": 0,
               "spec": spec if i == 0 else None} for i in range(args.batch)]
+    # A private vLLM cache: both engines compile cold, so their compile counts compare (an engine
+    # loading an earlier run's compiled artifact would count none).
     env = {**os.environ, "HOTWIRE_VECTORS": str(work / "vectors"), "HOTWIRE_MAILBOX": str(work / "engine.mbx"),
-           "VLLM_ENABLE_V1_MULTIPROCESSING": "0"}
-    free = _run_job(work, "plugin-free", {"model": str(model_dir), "engine": engine, "plugin": False,
-                                         "rounds": [batch]}, env)
-    armed = _run_job(work, "hotwire", {"model": str(model_dir), "engine": engine, "plugin": True,
-                                       "rounds": [batch], "timing": {"batch": args.batch, "steps": 64, "rounds": 3,
-                                                                     "vocab": vocab, "spec": spec}}, env)
+           "VLLM_CACHE_ROOT": str(work / "vllm-cache"), "VLLM_ENABLE_V1_MULTIPROCESSING": "0"}
+    job = {"model": str(model_dir), "engine": engine, "rounds": [batch], "graph_counts": True,
+           "timing": {"batch": args.batch, "steps": args.timing_steps, "rounds": 3, "vocab": vocab, "spec": spec}}
+    free, _ = _run_job(work, "plugin-free", {**job, "plugin": False}, env)
+    armed, log = _run_job(work, "hotwire", {**job, "plugin": True}, env)
     got, want = armed["rounds"][0], free["rounds"][0]
+    loaded = armed["hotwire"] and not free["hotwire"]
+    is_armed = bool(armed["armed"])
     fires = got[0]["tokens"] != want[0]["tokens"]
     exact = all(g == w for g, w in zip(got[1:], want[1:]))
-    idle, steered = (statistics.median(armed["timing"][k]) for k in ("idle_ms", "steered_ms"))
+    graphs = _graphs(armed["graph_counts"], free["graph_counts"], engine["enforce_eager"])
+    ms = {"plugin_free": statistics.median(free["timing"]["idle_ms"]),
+          **{k.removesuffix("_ms"): statistics.median(v) for k, v in armed["timing"].items()}}
+    if is_armed:
+        ok = loaded and fires and exact and graphs["ok"]
+        status = 0 if ok else 1
+    else:
+        ok = loaded and got == want and graphs["ok"]
+        status = NOT_ARMED if ok else 1
     import vllm
 
-    print(f"""
+    report = {
+        "model": str(model_dir), "architecture": cfg.architectures[0] if cfg.architectures else cfg.model_type,
+        "layers": n_layers, "hidden": hidden,
+        "device": torch.cuda.get_device_name(0) if gpu else platform.processor() or "cpu",
+        "versions": {"vllm": vllm.__version__, "torch": torch.__version__, "python": platform.python_version()},
+        "mode": "eager" if engine["enforce_eager"] else "torch.compile + CUDA graphs",
+        "quantization": args.quantization, "attention_backend": args.attention_backend,
+        "plugin_loaded": loaded, "armed": is_armed, "armed_layers": len(armed["armed"]),
+        "fires": fires if is_armed else None, "batchmates_exact": exact, "all_exact": got == want,
+        "graphs": graphs, "ms": ms, "spec": spec, "log": log,
+        "status": {0: "pass", NOT_ARMED: "not armed", 1: "fail"}[status], "pass": status == 0,
+    }
+    if args.json:
+        args.json.write_text(json.dumps(report, indent=1))
+    print(_text(report, args.batch, cpu=not gpu))
+    return status
+
+
+def _text(r: dict, batch: int, cpu: bool) -> str:
+    g = r["graphs"]
+    if r["armed"]:
+        armed = f"{r['armed_layers']}/{r['layers']} decoder layers"
+        steering = "fires" if r["fires"] else "did NOT change tokens (try a larger --scale)"
+        steering += f"  ({json.dumps(r['spec'])})"
+        mates = (f"{batch - 1} unsteered requests bit-identical to a plugin-free run" if r["batchmates_exact"]
+                 else "DIFFER from the plugin-free run")
+    else:
+        armed = "not armed (engine serves unsteered): " + next(iter(r["log"]), "no hotwire log line")
+        steering = "n/a (not armed)"
+        mates = (f"all {batch} requests bit-identical to a plugin-free run" if r["all_exact"]
+                 else "DIFFER from the plugin-free run")
+    if r["mode"] == "eager":
+        graphs = f"none ({'CPU' if cpu else '--eager'}: no CUDA graphs)"
+    else:
+        graphs = (f"{g['captures']} CUDA graphs captured at start, "
+                  f"{'unchanged' if g['unchanged'] else 'CHANGED'} through the steered rounds")
+    graphs += f"; dynamo compiles {g['compiles']}; "
+    graphs += "all counts = plugin-free" if g["equal_plugin_free"] else "counts DIFFER from plugin-free"
+    ms = r["ms"]
+    mode = ", ".join([r["mode"]] + [f"{label} {r[k]}" for k, label in (("quantization", "quantization"),
+                                                                       ("attention_backend", "attention")) if r[k]])
+    return f"""
 hotwire verify ------------------------------------------------------------
-model        {model_dir} ({cfg.architectures[0] if cfg.architectures else cfg.model_type}, {n_layers} layers, hidden {hidden})
-device       {torch.cuda.get_device_name(0) if gpu else platform.processor() or 'cpu'}
-versions     vllm {vllm.__version__}, torch {torch.__version__}, python {platform.python_version()}
-mode         {'eager' if engine['enforce_eager'] else 'torch.compile + CUDA graphs'}
-plugin       {'loaded' if armed['hotwire'] and not free['hotwire'] else 'NOT loaded as expected'}
-steering     {'fires' if fires else 'did NOT change tokens (try a larger --scale)'}  ({json.dumps(spec)})
-batchmates   {f'{args.batch - 1} unsteered requests bit-identical to a plugin-free run' if exact else 'DIFFER from the plugin-free run'}
-decode step  idle {idle:.3f} ms, all {args.batch} steered {steered:.3f} ms, ratio {steered / idle:.3f} (wall clock, median of 3)
----------------------------------------------------------------------------""")
-    return 0 if fires and exact and armed["hotwire"] and not free["hotwire"] else 1
+model        {r['model']} ({r['architecture']}, {r['layers']} layers, hidden {r['hidden']})
+device       {r['device']}
+versions     vllm {r['versions']['vllm']}, torch {r['versions']['torch']}, python {r['versions']['python']}
+mode         {mode}
+plugin       {'loaded' if r['plugin_loaded'] else 'NOT loaded as expected'}
+armed        {armed}
+steering     {steering}
+batchmates   {mates}
+graphs       {graphs}
+decode step  plugin-free {ms['plugin_free']:.3f} ms, idle {ms['idle']:.3f} ms, all {batch} steered \
+{ms['steered']:.3f} ms (wall clock, medians of 3)
+result       {r['status'].upper()}
+---------------------------------------------------------------------------"""
