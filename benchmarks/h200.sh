@@ -25,7 +25,7 @@ case $stage in
     # batch-invariant kernels: the e2e tests compare a request in flight with the same request alone
     job e2e env HOTWIRE_E2E_GPU=1 VLLM_BATCH_INVARIANT=1 python3 -m pytest tests/test_e2e_serve.py \
       --basetemp /tmp/pt-e2e -p no:cacheprovider -rA
-    job arch python3 benchmarks/arch_matrix.py --jobs 3 --out "$out/arch-matrix"
+    job arch python3 benchmarks/arch_matrix.py --jobs 6 --timeout 460 --out "$out/arch-matrix"
     job kt-check python3 benchmarks/kernel_time.py --shape qwen3-0.6b --batches 1 64 --steps 16 --prefill 4096 \
       --repeats 1 --out "$out/kt-check.json"  # engines beside it: checks the profiler sees graph kernels, not timing
     ;;
