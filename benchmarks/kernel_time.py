@@ -232,6 +232,32 @@ def _run_child(work: Path, tag: str, process: str, common: dict) -> dict:
     return res
 
 
+def _kernels(row: dict) -> dict[str, float]:
+    return {n: v[0] for n, v in row["by_name"].items() if not n.startswith(("Memcpy", "Memset"))}
+
+
+def _attributed(free: list[dict], idle: list[dict], steered: list[dict]) -> dict:
+    """The op's own cost: time of the kernels whose names differ from plugin-free (the kernels
+    the op was fused into, and any it added) minus that of the kernels they replace.
+
+    Unchanged kernels (GEMMs, attention) are left out, so a neighbour on the GPU or clock drift
+    that slows them in one process does not read as steering cost. Ratios are then taken on the
+    plugin-free step: (free + op) / free and (free + op_steered) / (free + op_idle).
+    """
+    med = statistics.median
+    op_idle, op_steered, base = [], [], []
+    for f, i, st in zip(free, idle, steered):
+        f, i, st = _kernels(f), _kernels(i), _kernels(st)
+        gone = sum(v for n, v in f.items() if n not in i)
+        op_idle.append(sum(v for n, v in i.items() if n not in f) - gone)
+        op_steered.append(sum(v for n, v in st.items() if n not in f) - gone)
+        base.append(sum(f.values()))
+    return {"op_idle_us": round(med(op_idle), 2), "op_steered_us": round(med(op_steered), 2),
+            "attributed_idle_over_plugin_free": round(med((b + o) / b for b, o in zip(base, op_idle)), 4),
+            "attributed_steered_over_idle": round(med((b + s) / (b + o) for b, o, s in
+                                                      zip(base, op_idle, op_steered)), 4)}
+
+
 def _summary(samples: dict[str, list[dict]], batches: list[int], top: int) -> tuple[list[dict], list[dict]]:
     med = statistics.median
     rows, diffs = [], []
@@ -255,6 +281,8 @@ def _summary(samples: dict[str, list[dict]], batches: list[int], top: int) -> tu
                    wall_steered_over_idle=ratio("steered", "idle", "wall_ms"))
         if "eager" in s:
             row["eager_over_plugin_free"] = ratio("eager", "plugin_free", "kernel_us")
+        if {"plugin_free", "idle", "steered"} <= s.keys():
+            row.update(_attributed(s["plugin_free"], s["idle"], s["steered"]))
         rows.append(row)
         if "plugin_free" not in s:
             continue
@@ -317,6 +345,15 @@ def _markdown(rows: list[dict], diffs: list[dict], prefill: list[dict], conds: l
                 [f(r.get(f"{c}_wall_ms")) for c in conds] + \
                 [f(r["wall_idle_over_plugin_free"]), f(r["wall_steered_over_idle"])]
         out.append("| " + " | ".join(cells) + " |")
+    if any("op_idle_us" in r for r in rows):
+        head = ["batch", "op us idle", "op us steered", "idle/pf", "steered/idle"]
+        out += ["", "the op's own cost: kernels that differ from plugin-free (the fused norm kernels), "
+                "minus the ones they replace; ratios on the plugin-free step", "",
+                "| " + " | ".join(head) + " |", "|" + " --- |" * len(head)]
+        for r in rows:
+            if "op_idle_us" in r:
+                out.append(f"| {r['batch']} | {r['op_idle_us']:g} | {r['op_steered_us']:g} | "
+                           f"{r['attributed_idle_over_plugin_free']:g} | {r['attributed_steered_over_idle']:g} |")
     head = ["prompt tokens"] + [f"{c} us" for c in conds] + [f"{c} tok/s" for c in conds] + \
            ["steered/idle", "idle/pf"] + (["eager/pf"] if "eager" in conds else []) + \
            ["wall steered/idle", "wall idle/pf"]
@@ -339,6 +376,16 @@ def _markdown(rows: list[dict], diffs: list[dict], prefill: list[dict], conds: l
     return "\n".join(out)
 
 
+def _report(path: Path, top: int) -> None:
+    """Summaries and tables from a results file's samples (also one cut short by a time-out)."""
+    result = json.loads(path.read_text())
+    samples = {c: runs for c, runs in result["samples"].items() if runs}
+    rows, diffs = _summary(samples, result["batches"], top)
+    prefill = _prefill_summary(samples, result.get("prefill_lens", []))
+    print(f"{result['shape']}, {result.get('info')}, S={result['decode_steps']} steps\n")
+    print(_markdown(rows, diffs, prefill, list(samples)))
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--shape", default="qwen3-0.6b", help="qwen3-0.6b | qwen3-4b | qwen3-8b (ignored with --smoke)")
@@ -354,10 +401,13 @@ def main() -> None:
     ap.add_argument("--top", type=int, default=8, help="kernels listed per batch size and condition")
     ap.add_argument("--smoke", action="store_true", help="tiny model on CPU: checks the script, numbers mean nothing")
     ap.add_argument("--out", type=Path, required=True)
+    ap.add_argument("--report", action="store_true", help="re-summarise the samples in --out and print the tables")
     ap.add_argument("--child", help=argparse.SUPPRESS)
     args = ap.parse_args()
     if args.child:
         return _child(args.child, args.out)
+    if args.report:
+        return _report(args.out, args.top)
 
     import torch
 
