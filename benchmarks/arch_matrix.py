@@ -200,12 +200,15 @@ def _cell(row: dict) -> list[str]:
         error = row["error"].replace("|", "\\|")
         return [arch, row["shape"], "", "", "", "", "", f"**{row['status'].upper()}**: {error}"]
     g, ms = v["graphs"], v["ms"]
+    d = v.get("diff") or {}
+    differ = (f"**no**: tokens {d['tokens_differ']}/{d['requests']}, logprobs only {d['logprobs_only_differ']} "
+              f"(max {d['max_logprob_diff']:.1g})" if d else "**no**")
     if v["armed"]:
         armed, fires = f"yes ({v['armed_layers']}/{v['layers']})", "yes" if v["fires"] else "**no**"
-        exact = "yes" if v["batchmates_exact"] else "**no**"
+        exact = "yes" if v["batchmates_exact"] else differ
     else:
         armed, fires = "no: serves unsteered", "n/a"
-        exact = "yes (all requests)" if v["all_exact"] else "**no**"
+        exact = "yes (all requests)" if v["all_exact"] else differ
     if v["mode"] == "eager":
         graphs = "eager (none)"
     else:

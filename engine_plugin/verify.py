@@ -71,6 +71,21 @@ def _run_job(work: Path, name: str, job: dict, env: dict[str, str]) -> tuple[dic
     return json.loads((work / f"{name}.out.json").read_text()), lines
 
 
+def _differences(got: list[dict], want: list[dict]) -> dict:
+    """How requests differ from the plugin-free run: in tokens, or only in logprobs (and by how much)."""
+    tokens = sum(g["tokens"] != w["tokens"] for g, w in zip(got, want))
+    same = [(g, w) for g, w in zip(got, want) if g["tokens"] == w["tokens"]]
+    lp = [(g["logprobs"] or [], w["logprobs"] or []) for g, w in same if g["logprobs"] != w["logprobs"]]
+    gap = max((abs(a - b) for x, y in lp for a, b in zip(x, y)), default=0.0)
+    return {"requests": len(got), "tokens_differ": tokens, "logprobs_only_differ": len(lp),
+            "max_logprob_diff": gap}
+
+
+def _diff_text(d: dict) -> str:
+    return (f"DIFFER from the plugin-free run: tokens in {d['tokens_differ']} of {d['requests']} requests, "
+            f"logprobs only in {d['logprobs_only_differ']} (max |diff| {d['max_logprob_diff']:.2g})")
+
+
 def _graphs(armed: list[dict], free: list[dict], eager: bool) -> dict:
     """CUDA-graph captures and dynamo compiles, after warm-up, the round and the timing rounds.
 
@@ -129,6 +144,7 @@ def run(args: argparse.Namespace) -> int:
     is_armed = bool(armed["armed"])
     fires = got[0]["tokens"] != want[0]["tokens"]
     exact = all(g == w for g, w in zip(got[1:], want[1:]))
+    diff = _differences(got[1:] if is_armed else got, want[1:] if is_armed else want)
     graphs = _graphs(armed["graph_counts"], free["graph_counts"], engine["enforce_eager"])
     ms = {"plugin_free": statistics.median(free["timing"]["idle_ms"]),
           **{k.removesuffix("_ms"): statistics.median(v) for k, v in armed["timing"].items()}}
@@ -148,7 +164,7 @@ def run(args: argparse.Namespace) -> int:
         "mode": "eager" if engine["enforce_eager"] else "torch.compile + CUDA graphs",
         "quantization": args.quantization, "attention_backend": args.attention_backend,
         "plugin_loaded": loaded, "armed": is_armed, "armed_layers": len(armed["armed"]),
-        "fires": fires if is_armed else None, "batchmates_exact": exact, "all_exact": got == want,
+        "fires": fires if is_armed else None, "batchmates_exact": exact, "all_exact": got == want, "diff": diff,
         "graphs": graphs, "ms": ms, "spec": spec, "log": log,
         "status": {0: "pass", NOT_ARMED: "not armed", 1: "fail"}[status], "pass": status == 0,
     }
@@ -165,12 +181,12 @@ def _text(r: dict, batch: int, cpu: bool) -> str:
         steering = "fires" if r["fires"] else "did NOT change tokens (try a larger --scale)"
         steering += f"  ({json.dumps(r['spec'])})"
         mates = (f"{batch - 1} unsteered requests bit-identical to a plugin-free run" if r["batchmates_exact"]
-                 else "DIFFER from the plugin-free run")
+                 else _diff_text(r["diff"]))
     else:
         armed = "not armed (engine serves unsteered): " + next(iter(r["log"]), "no hotwire log line")
         steering = "n/a (not armed)"
         mates = (f"all {batch} requests bit-identical to a plugin-free run" if r["all_exact"]
-                 else "DIFFER from the plugin-free run")
+                 else _diff_text(r["diff"]))
     if r["mode"] == "eager":
         graphs = f"none ({'CPU' if cpu else '--eager'}: no CUDA graphs)"
     else:

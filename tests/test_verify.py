@@ -28,3 +28,14 @@ def test_verify_reports_steering_fires_and_exact_batchmates(tiny_model, tmp_path
     fields = json.loads((tmp_path / "report.json").read_text())
     assert fields["pass"] and fields["armed_layers"] == 4 and fields["layers"] == 4
     assert fields["graphs"]["equal_plugin_free"] and fields["ms"]["steered"] > 0
+
+
+def test_differences_tell_tokens_from_logprobs():
+    from hotwire.engine_plugin.verify import _differences
+
+    want = [{"tokens": [1, 2], "logprobs": [-1.0, -2.0]}] * 3
+    got = [{"tokens": [1, 3], "logprobs": [-1.0, -2.0]},      # a token changed
+           {"tokens": [1, 2], "logprobs": [-1.0, -2.25]},     # same tokens, one logprob moved
+           {"tokens": [1, 2], "logprobs": [-1.0, -2.0]}]      # identical
+    assert _differences(got, want) == {"requests": 3, "tokens_differ": 1, "logprobs_only_differ": 1,
+                                       "max_logprob_diff": 0.25}
