@@ -1,13 +1,13 @@
 #!/usr/bin/env bash
 # Every GPU figure and check of hotwire, as run on the lent H200 (vLLM 0.25.1 offline bundle,
-# ../shared/device/README.md). Two stages, each sized for one 10-minute device call:
+# ../shared/device/README.md). Three stages, each sized for one 10-minute device call:
 #
 #   bash benchmarks/h200.sh checks OUTDIR   # GPU suite (both runners), e2e operator flow, arch matrix
-#   bash benchmarks/h200.sh perf   OUTDIR   # kernel time per decode step / prefill: Qwen3 0.6B (+ eager), 4B, 8B
+#   bash benchmarks/h200.sh perf   OUTDIR [SHAPE...]  # kernel time per decode step / prefill (0.6B: + eager)
 #   bash benchmarks/h200.sh serve  OUTDIR   # host work per step; served tokens/s, hotwire vs plugin-free
 #
-# Checks run side by side (engines share the GPU with fixed KV budgets); timed runs never overlap
-# a measurement (kernel_time.py takes a GPU lock). Every job has a time limit, writes its log to
+# Checks run side by side (engines share the GPU with fixed KV budgets); timed runs run alone.
+# Every job has a time limit (HOTWIRE_JOB_LIMIT s, per shape in perf), writes its log to
 # OUTDIR/logs and its results to OUTDIR; what finished survives a stage cut short.
 set -u
 stage=$1 out=$2
@@ -29,12 +29,14 @@ case $stage in
     job kt-check python3 benchmarks/kernel_time.py --shape qwen3-0.6b --batches 1 64 --steps 16 --prefill 4096 \
       --repeats 1 --out "$out/kt-check.json"  # engines beside it: checks the profiler sees graph kernels, not timing
     ;;
-  perf)
-    lock=$(mktemp)  # one GPU lock for all shapes: start-ups overlap, measurements do not
-    for shape in qwen3-0.6b qwen3-4b qwen3-8b; do
-      [ $shape = qwen3-0.6b ] && kinds="plugin_free hotwire eager" || kinds="plugin_free hotwire"
-      job kt-$shape python3 benchmarks/kernel_time.py --shape $shape --processes $kinds --repeats 1 --steps 32 \
-        --parallel 2 --lock "$lock" --out "$out/kernel-time-$shape.json"
+  perf)  # perf OUTDIR [SHAPE...]: one engine at a time (a neighbour's start-up disturbs kernel times);
+          # about 5 min per shape, so one or two shapes per call
+    shift 2
+    for shape in "${@:-qwen3-0.6b}"; do
+      [ "$shape" = qwen3-0.6b ] && kinds="plugin_free hotwire eager" || kinds="plugin_free hotwire"
+      job "kt-$shape" python3 benchmarks/kernel_time.py --shape "$shape" --processes $kinds --repeats 1 \
+        --steps 32 --parallel 1 --out "$out/kernel-time-$shape.json"
+      wait
     done
     ;;
   serve)

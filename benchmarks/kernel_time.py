@@ -396,7 +396,8 @@ def main() -> None:
     ap.add_argument("--prefill", type=int, nargs="*", help="prompt lengths (default 4096 8192; smoke: 256)")
     ap.add_argument("--repeats", type=int, default=2, help="processes per kind, started A B A B ...")
     ap.add_argument("--once", nargs="*", default=["eager"], help="kinds run in the first repeat only")
-    ap.add_argument("--parallel", type=int, default=2, help="processes starting at once (measurement is exclusive)")
+    ap.add_argument("--parallel", type=int, default=1,
+                    help="processes at once; measurements take a lock, but others' start-ups still disturb them")
     ap.add_argument("--lock", type=Path, help="GPU lock file; share one between runs started side by side")
     ap.add_argument("--top", type=int, default=8, help="kernels listed per batch size and condition")
     ap.add_argument("--smoke", action="store_true", help="tiny model on CPU: checks the script, numbers mean nothing")
