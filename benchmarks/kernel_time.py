@@ -232,6 +232,13 @@ def _run_child(work: Path, tag: str, process: str, common: dict) -> dict:
     return res
 
 
+def _ratio(s: dict[str, list[dict]], num: str, den: str, key: str) -> float | None:
+    """Median over repeats of ``num[key] / den[key]`` (repeats paired in order); None if one is missing."""
+    if num not in s or den not in s:
+        return None
+    return round(statistics.median(x[key] / y[key] for x, y in zip(s[num], s[den])), 4)
+
+
 def _kernels(row: dict) -> dict[str, float]:
     return {n: v[0] for n, v in row["by_name"].items() if not n.startswith(("Memcpy", "Memset"))}
 
@@ -270,17 +277,12 @@ def _summary(samples: dict[str, list[dict]], batches: list[int], top: int) -> tu
                         f"{c}_spread": round((max(k) - min(k)) / med(k), 4),
                         f"{c}_wall_ms": round(med(x["wall_ms"] for x in xs), 4)})
 
-        def ratio(num: str, den: str, key: str) -> float | None:
-            if num not in s or den not in s:
-                return None
-            return round(med(x[key] / y[key] for x, y in zip(s[num], s[den])), 4)
-
-        row.update(idle_over_plugin_free=ratio("idle", "plugin_free", "kernel_us"),
-                   steered_over_idle=ratio("steered", "idle", "kernel_us"),
-                   wall_idle_over_plugin_free=ratio("idle", "plugin_free", "wall_ms"),
-                   wall_steered_over_idle=ratio("steered", "idle", "wall_ms"))
+        row.update(idle_over_plugin_free=_ratio(s, "idle", "plugin_free", "kernel_us"),
+                   steered_over_idle=_ratio(s, "steered", "idle", "kernel_us"),
+                   wall_idle_over_plugin_free=_ratio(s, "idle", "plugin_free", "wall_ms"),
+                   wall_steered_over_idle=_ratio(s, "steered", "idle", "wall_ms"))
         if "eager" in s:
-            row["eager_over_plugin_free"] = ratio("eager", "plugin_free", "kernel_us")
+            row["eager_over_plugin_free"] = _ratio(s, "eager", "plugin_free", "kernel_us")
         if {"plugin_free", "idle", "steered"} <= s.keys():
             row.update(_attributed(s["plugin_free"], s["idle"], s["steered"]))
         rows.append(row)
@@ -314,17 +316,13 @@ def _prefill_summary(samples: dict[str, list[dict]], lengths: list[int]) -> list
             row.update({f"{c}_kernel_us": round(med(x["kernel_us"] for x in xs), 1),
                         f"{c}_tokens_per_s": round(med(x["tokens_per_s"] for x in xs), 1)})
 
-        def speed(fast: str, slow: str, key: str) -> float | None:  # throughput of `fast` over `slow`
-            if fast not in s or slow not in s:
-                return None
-            return round(med(y[key] / x[key] for x, y in zip(s[fast], s[slow])), 4)
-
-        row.update(steered_over_idle=speed("steered", "idle", "kernel_us"),
-                   idle_over_plugin_free=speed("idle", "plugin_free", "kernel_us"),
-                   wall_steered_over_idle=speed("steered", "idle", "wall_ms"),
-                   wall_idle_over_plugin_free=speed("idle", "plugin_free", "wall_ms"))
+        # throughput ratios: the time of the denominator's condition over the numerator's
+        row.update(steered_over_idle=_ratio(s, "idle", "steered", "kernel_us"),
+                   idle_over_plugin_free=_ratio(s, "plugin_free", "idle", "kernel_us"),
+                   wall_steered_over_idle=_ratio(s, "idle", "steered", "wall_ms"),
+                   wall_idle_over_plugin_free=_ratio(s, "plugin_free", "idle", "wall_ms"))
         if "eager" in s:
-            row["eager_over_plugin_free"] = speed("eager", "plugin_free", "kernel_us")
+            row["eager_over_plugin_free"] = _ratio(s, "plugin_free", "eager", "kernel_us")
         rows.append(row)
     return rows
 
