@@ -15,7 +15,9 @@ dependent load chained into it adds its memory latency. So the op reads per-toke
 the routing rows (``tok_route``/``tok_coef``, refreshed by the router only when the batch
 changes), addressed by token index: the bank row is the only dependent load. Entries that
 are off add ``-0.0``, the exact identity of float addition, so an unsteered token keeps its
-bits (invariant 1) with no select over the whole row and no reduction in front of it.
+bits (invariant 1) with no select over the whole row and no reduction in front of it. (On the
+GPU the fusion itself can change how inductor reduces the next norm, and with it an unsteered
+token's rounding: docs/performance.md, "Bit-exactness on the GPU".)
 """
 
 from __future__ import annotations
