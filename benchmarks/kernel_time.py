@@ -416,14 +416,9 @@ def main() -> None:
     steps = args.steps or (8 if args.smoke else 64)
     prefills = args.prefill if args.prefill is not None else ([256] if args.smoke else [4096, 8192])
     work = Path(tempfile.mkdtemp(prefix="hotwire-kt-"))
-    if args.smoke:
-        from hotwire.engine_plugin.tiny_model import build_tiny
+    from hotwire.engine_plugin.tiny_model import benchmark_model
 
-        model, shape = build_tiny(work / "tiny-qwen3", hidden=128, layers=4), "tiny"
-    else:
-        from hotwire.engine_plugin.tiny_model import write_config
-
-        model, shape = write_config(work / args.shape, args.shape), args.shape
+    model, shape = benchmark_model(work, args.shape, args.smoke)
     config = json.loads((model / "config.json").read_text())
     _vectors(work / "vectors", config["hidden_size"])
     common = {"model": str(model), "smoke": args.smoke, "batches": batches, "steps": steps, "prefill": prefills,

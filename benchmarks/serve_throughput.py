@@ -317,14 +317,9 @@ def main() -> None:
     rounds = args.rounds or (2 if args.smoke else 5)
     prompt_len, max_tokens = (16, 8) if args.smoke else (128, 128)
     work = Path(tempfile.mkdtemp(prefix="hotwire-serve-"))
-    if args.smoke:
-        from hotwire.engine_plugin.tiny_model import build_tiny
+    from hotwire.engine_plugin.tiny_model import benchmark_model
 
-        model, shape_name = build_tiny(work / "tiny-qwen3", hidden=128, layers=4), "tiny"
-    else:
-        from hotwire.engine_plugin.tiny_model import write_config
-
-        model, shape_name = write_config(work / args.shape, args.shape), args.shape
+    model, shape_name = benchmark_model(work, args.shape, args.smoke)
     shape = json.loads((model / "config.json").read_text())
 
     from hotwire.shared.wire import encode_safetensors

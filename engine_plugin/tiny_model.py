@@ -89,3 +89,12 @@ def write_config(path: str | Path, shape: str, dtype: str = "bfloat16", **overri
     }
     (path / "config.json").write_text(json.dumps(cfg, indent=1))
     return path
+
+
+def benchmark_model(work: str | Path, shape: str, smoke: bool) -> tuple[Path, str]:
+    """(model dir, shape name) for a benchmark: the tiny CPU model under ``--smoke``, else the
+    ``config.json`` of a Qwen3 shape (random weights via ``load_format="dummy"``)."""
+    work = Path(work)
+    if smoke:
+        return build_tiny(work / "tiny-qwen3", hidden=128, layers=4), "tiny"
+    return write_config(work / shape, shape), shape
