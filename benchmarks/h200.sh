@@ -1,12 +1,16 @@
 #!/usr/bin/env bash
 # Every GPU figure and check of hotwire, as run on the lent H200 (vLLM 0.25.1 offline bundle,
-# ../shared/device/README.md). Three stages, each sized for one 10-minute device call:
+# ../shared/device/README.md). Four stages, each sized for one 10-minute device call:
 #
-#   bash benchmarks/h200.sh checks OUTDIR   # GPU suite (both runners), e2e operator flow, arch matrix
+#   bash benchmarks/h200.sh checks OUTDIR   # op kernel, GPU suite (both runners), e2e operator flow,
+#                                           # determinism control
+#   bash benchmarks/h200.sh matrix OUTDIR   # verified-architectures matrix
 #   bash benchmarks/h200.sh perf   OUTDIR [SHAPE...]  # kernel time per decode step / prefill (0.6B: + eager)
 #   bash benchmarks/h200.sh serve  OUTDIR   # host work per step; served tokens/s, hotwire vs plugin-free
 #
-# Checks run side by side (engines share the GPU with fixed KV budgets); timed runs run alone.
+# On a two-GPU box two stages run at once, one per GPU, e.g.
+#   CUDA_VISIBLE_DEVICES=0 bash benchmarks/h200.sh checks OUT & CUDA_VISIBLE_DEVICES=1 bash benchmarks/h200.sh matrix OUT
+# Checks run side by side (engines share the GPU with fixed KV budgets); timed runs run alone on their GPU.
 # Every job has a time limit (HOTWIRE_JOB_LIMIT s, per shape in perf), writes its log to
 # OUTDIR/logs and its results to OUTDIR; what finished survives a stage cut short.
 set -u
@@ -20,14 +24,20 @@ job() {  # job NAME CMD...: run in the background with the time limit, log + exi
 export PYTHONUNBUFFERED=1
 case $stage in
   checks)
+    job op python3 -m pytest -m gpu tests/test_steering_op.py --basetemp /tmp/pt-op -p no:cacheprovider -rA
     job gpu-v2 python3 -m pytest -m gpu tests/test_gpu.py -k v2 --basetemp /tmp/pt-gpu-v2 -p no:cacheprovider -rA
     job gpu-v1 python3 -m pytest -m gpu tests/test_gpu.py -k v1 --basetemp /tmp/pt-gpu-v1 -p no:cacheprovider -rA
     # batch-invariant kernels: the e2e tests compare a request in flight with the same request alone
     job e2e env HOTWIRE_E2E_GPU=1 VLLM_BATCH_INVARIANT=1 python3 -m pytest tests/test_e2e_serve.py \
       --basetemp /tmp/pt-e2e -p no:cacheprovider -rA
-    job arch python3 benchmarks/arch_matrix.py --jobs 6 --timeout 460 --out "$out/arch-matrix"
-    job kt-check python3 benchmarks/kernel_time.py --shape qwen3-0.6b --batches 1 64 --steps 16 --prefill 4096 \
-      --repeats 1 --out "$out/kt-check.json"  # engines beside it: checks the profiler sees graph kernels, not timing
+    # control: two plugin-free engines on the e2e model (hidden 128), each compiling cold
+    python3 -c "from hotwire.engine_plugin.tiny_model import build_tiny; build_tiny('/tmp/hw-tiny')"
+    job determinism python3 benchmarks/determinism.py --model /tmp/hw-tiny --out "$out/determinism-tiny.json" \
+      --engine-args '{"dtype": "bfloat16", "attention_backend": "TRITON_ATTN", "gpu_memory_utilization": 0.05,
+                      "kv_cache_memory_bytes": 536870912}'
+    ;;
+  matrix)
+    job arch python3 benchmarks/arch_matrix.py --jobs 12 --timeout 500 --out "$out/arch-matrix"
     ;;
   perf)  # perf OUTDIR [SHAPE...]: one engine at a time (a neighbour's start-up disturbs kernel times);
           # about 5 min per shape, so one or two shapes per call
@@ -44,6 +54,6 @@ case $stage in
     wait
     job serve python3 benchmarks/serve_throughput.py --shape qwen3-0.6b --rounds 8 --out "$out/serve-qwen3-0.6b.json"
     ;;
-  *) echo "usage: $0 checks|perf|serve OUTDIR" >&2; exit 2 ;;
+  *) echo "usage: $0 checks|matrix|perf|serve OUTDIR" >&2; exit 2 ;;
 esac
 wait

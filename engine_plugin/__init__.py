@@ -1,4 +1,4 @@
-"""vLLM engine plugin: graph-fused per-request steering.
+"""vLLM engine plugin: per-request steering inside compiled, CUDA-graphed models.
 
 Loaded through the ``vllm.general_plugins`` entry point. ``register()`` is idempotent and cheap:
 it only installs import-time patches (see :mod:`.hooks`); the GPU tables are allocated later,

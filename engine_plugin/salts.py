@@ -1,9 +1,9 @@
 """Cache keys that must know about hotwire.
 
 * Compile cache (invariant 4): vLLM keys compiled artifacts on ``VllmConfig.compute_hash()``.
-  A cache written without the plugin (or with other table shapes) would serve a graph without
-  the steering op, so the hash is salted with the plugin version and everything that shapes
-  the tables.
+  A cache written without the plugin (or with another op, or other table shapes) would serve
+  a graph without the current steering op, so the hash is salted with the plugin version, a
+  digest of the op's source and everything that shapes the tables.
 * Prefix cache (invariant 5): block hashes ignore ``extra_args`` but include ``cache_salt``, so a
   steered request's salt is extended with its canonical spec (and the generations of the
   vectors it names, read from the mailbox), and KV blocks are never shared across configs.
@@ -11,11 +11,13 @@
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import inspect
 import logging
 import os
 from importlib.metadata import PackageNotFoundError, version
+from pathlib import Path
 from types import ModuleType
 from typing import Any
 
@@ -34,10 +36,20 @@ def plugin_version() -> str:
         return "dev"
 
 
+_OP_SOURCES = ("steering.py", "steer_op.py", "steer_triton.py")
+
+
+@functools.cache
+def op_digest() -> str:
+    """Digest of the code compiled graphs embed: the layer wrapper, the op and its kernel."""
+    here = Path(__file__).parent
+    return hashlib.sha256(b"".join((here / f).read_bytes() for f in _OP_SOURCES)).hexdigest()[:16]
+
+
 def compile_salt(vllm_config: Any) -> str:
     cfg = HotwireConfig.from_env()
     max_seqs = getattr(getattr(vllm_config, "scheduler_config", None), "max_num_seqs", None)
-    return (f"hotwire={plugin_version()};slots={cfg.slots};layers={cfg.layers};"
+    return (f"hotwire={plugin_version()};op={op_digest()};slots={cfg.slots};layers={cfg.layers};"
             f"entries={cfg.entries};max_seqs={max_seqs}")
 
 

@@ -1,23 +1,18 @@
-"""The steering op and the persistent tables it reads, armed into the model's decoder layers.
+"""The steering tables, and the steering op armed into the model's decoder layers.
 
 At the end of armed layer ``L`` every token ``t`` of request ``r`` gets
 
     h_L[t] += sum_k  coef[r, L, k] * bank[slot[r, L, k]]     for k with lo <= pos[t] < hi
 
-on the residual stream. The op is plain tensor code inside the layer's forward, so
-torch.compile traces it and inductor fuses it into the next norm kernel: no extra launches,
-no graph break. All state lives in buffers allocated once, before compile and CUDA-graph
-capture; steering on/off and vector changes are content updates between replays
-(invariant 4).
+on the residual stream. The add is one opaque custom op (``hotwire::steer``, :mod:`.steer_op`):
+torch.compile traces it without a graph break, inductor leaves it a kernel of its own, and the
+kernels around it are generated exactly as without the plugin. All state lives in buffers
+allocated once, before compile and CUDA-graph capture; steering on/off and vector changes are
+content updates between replays (invariant 4).
 
-Cost is latency at small batches: a decode step runs one tiny kernel per layer, and each
-dependent load chained into it adds its memory latency. So the op reads per-token copies of
-the routing rows (``tok_route``/``tok_coef``, refreshed by the router only when the batch
-changes), addressed by token index: the bank row is the only dependent load. Entries that
-are off add ``-0.0``, the exact identity of float addition, so an unsteered token keeps its
-bits (invariant 1) with no select over the whole row and no reduction in front of it. (On the
-GPU the fusion itself can change how inductor reduces the next norm, and with it an unsteered
-token's rounding: docs/performance.md, "Bit-exactness on the GPU".)
+The op reads per-token copies of the routing rows (``tok_route``/``tok_coef``, refreshed by the
+router only when the batch changes), addressed by token index, so the bank row is its only
+dependent load, and entries that are off add ``-0.0``: an unsteered token keeps its bits.
 """
 
 from __future__ import annotations
@@ -29,6 +24,8 @@ from dataclasses import dataclass
 
 import torch
 from torch import nn
+
+from .steer_op import steer
 
 _LAYER_INDEX = re.compile(r"(?:^|\.)layers\.(\d+)$")
 
@@ -78,16 +75,7 @@ class SteeringTables(nn.Module):
         # x: [T, H] residual stream after the layer; positions: [T] (or [3, T] for M-RoPE)
         if positions.dim() == 2:
             positions = positions[0]
-        n = x.shape[0]
-        route = self.tok_route[:n, i]                               # [T, K, 3]
-        pos = positions[:n, None]                                   # [T, 1]
-        on = (pos >= route[..., 1]) & (pos < route[..., 2])         # [T, K]
-        coef = self.tok_coef[:n, i]                                 # [T, K]
-        out = x.float()                                             # [T, H]
-        for k in range(route.shape[1]):  # K is small and static: unrolled, fused into one kernel
-            v = self.bank[route[:, k, 0]].float() * coef[:, k, None]  # [T, H]
-            out = out + torch.where(on[:, k, None], v, -0.0)
-        return out.to(x.dtype)
+        return steer(x, positions[: x.shape[0]], self.bank, self.tok_route, self.tok_coef, i)
 
 
 @dataclass(frozen=True)

@@ -57,7 +57,7 @@ def _direction(model_dir: Path, hidden: int, token: int) -> np.ndarray:
     return v / np.linalg.norm(v)
 
 
-def _run_job(work: Path, name: str, job: dict, env: dict[str, str]) -> tuple[dict, list[str]]:
+def run_job(work: Path, name: str, job: dict, env: dict[str, str]) -> tuple[dict, list[str]]:
     """One engine process: its JSON output and the plugin's own log lines (``hotwire: ...``)."""
     (work / f"{name}.json").write_text(json.dumps(job))
     proc = subprocess.run([sys.executable, "-m", "hotwire.engine_plugin.jobs", str(work / f"{name}.json"),
@@ -71,7 +71,7 @@ def _run_job(work: Path, name: str, job: dict, env: dict[str, str]) -> tuple[dic
     return json.loads((work / f"{name}.out.json").read_text()), lines
 
 
-def _differences(got: list[dict], want: list[dict]) -> dict:
+def differences(got: list[dict], want: list[dict]) -> dict:
     """How requests differ from the plugin-free run: in tokens, or only in logprobs (and by how much)."""
     tokens = sum(g["tokens"] != w["tokens"] for g, w in zip(got, want))
     same = [(g, w) for g, w in zip(got, want) if g["tokens"] == w["tokens"]]
@@ -137,14 +137,14 @@ def run(args: argparse.Namespace) -> int:
            "VLLM_CACHE_ROOT": str(work / "vllm-cache"), "VLLM_ENABLE_V1_MULTIPROCESSING": "0"}
     job = {"model": str(model_dir), "engine": engine, "rounds": [batch], "graph_counts": True,
            "timing": {"batch": args.batch, "steps": args.timing_steps, "rounds": 3, "vocab": vocab, "spec": spec}}
-    free, _ = _run_job(work, "plugin-free", {**job, "plugin": False}, env)
-    armed, log = _run_job(work, "hotwire", {**job, "plugin": True}, env)
+    free, _ = run_job(work, "plugin-free", {**job, "plugin": False}, env)
+    armed, log = run_job(work, "hotwire", {**job, "plugin": True}, env)
     got, want = armed["rounds"][0], free["rounds"][0]
     loaded = armed["hotwire"] and not free["hotwire"]
     is_armed = bool(armed["armed"])
     fires = got[0]["tokens"] != want[0]["tokens"]
     exact = all(g == w for g, w in zip(got[1:], want[1:]))
-    diff = _differences(got[1:] if is_armed else got, want[1:] if is_armed else want)
+    diff = differences(got[1:] if is_armed else got, want[1:] if is_armed else want)
     graphs = _graphs(armed["graph_counts"], free["graph_counts"], engine["enforce_eager"])
     ms = {"plugin_free": statistics.median(free["timing"]["idle_ms"]),
           **{k.removesuffix("_ms"): statistics.median(v) for k, v in armed["timing"].items()}}

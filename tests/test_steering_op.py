@@ -1,9 +1,11 @@
-"""The steering op and its tables, on CPU tensors, against a direct computation."""
+"""The steering op and its tables against a direct computation: on CPU tensors, and (``-m gpu``)
+the Triton kernel against the torch reference."""
 
 import pytest
 import torch
 from torch import nn
 
+from hotwire.engine_plugin.steer_op import reference
 from hotwire.engine_plugin.steering import SteeringTables, arm, decoder_layers
 
 H = 16
@@ -150,6 +152,48 @@ def test_steered_layer_compiles_without_graph_breaks():
     layer = model.layers[0]
     explain = torch._dynamo.explain(layer)(torch.arange(4), torch.randn(4, H), None)
     assert explain.graph_break_count == 0 and explain.graph_count == 1
+
+
+def _random_tables(n, h, dtype, device, armed=3, entries=4, slots=6, seed=0):
+    """Random bank and routing for ``n`` tokens; about half the entries are on, a fifth of tokens none."""
+    g = torch.Generator().manual_seed(seed)
+    bank = torch.randn(slots + 1, h, generator=g).to(dtype)
+    bank[0] = 0
+    lo = torch.randint(0, 40, (n, armed, entries), generator=g)
+    hi = lo + torch.randint(0, 40, (n, armed, entries), generator=g)
+    rows = torch.randint(1, slots + 1, (n, armed, entries), generator=g)
+    route = torch.stack([rows, lo, hi], -1).to(torch.int32)
+    route[torch.rand(n, generator=g) < 0.2] = 0  # tokens of unsteered requests: the null row
+    route[0] = 0
+    coef = torch.randn(n, armed, entries, generator=g)
+    pos = torch.randint(0, 80, (n,), generator=g)
+    x = torch.randn(n, h, generator=g).to(dtype)
+    x[0, :2] = torch.tensor([-0.0, 0.0], dtype=dtype)
+    return [t.to(device) for t in (x, pos, bank, route, coef)]
+
+
+def test_op_registration_is_consistent_with_its_fake():
+    x, pos, bank, route, coef = _random_tables(9, H, torch.float32, "cpu")
+    torch.library.opcheck(torch.ops.hotwire.steer.default, (x, pos, bank, route, coef, 1))
+    assert torch.equal(torch.ops.hotwire.steer(x, pos, bank, route, coef, 1),
+                       reference(x, pos, bank, route, coef, 1))
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16, torch.float32])
+@pytest.mark.parametrize("n,h", [(1, 1024), (7, 1000), (300, 4096)])
+def test_triton_kernel_matches_the_reference(n, h, dtype):
+    args = _random_tables(n, h, dtype, "cuda", seed=n)
+    x, pos, _, route, _ = args
+    for layer in range(route.shape[1]):
+        got = torch.ops.hotwire.steer(*args, layer)
+        want = reference(*[a.cpu() for a in args], layer)
+        off = ~((pos[:, None] >= route[:, layer, :, 1]) & (pos[:, None] < route[:, layer, :, 2])).any(1)
+        assert off.any() and not off.all()
+        # tokens with no entry on: every bit of x, signed zeros included
+        assert torch.equal(got[off].cpu().view(torch.uint8), x[off].cpu().view(torch.uint8))
+        torch.testing.assert_close(got.cpu(), want, rtol=1e-2 if dtype != torch.float32 else 1e-5, atol=1e-2)
+    torch.library.opcheck(torch.ops.hotwire.steer.default, (*args, 0))
 
 
 @pytest.mark.parametrize("spec,want", [("all", [0, 1, 2, 3]), ("1,3", [1, 3]), ("0-2", [0, 1, 2]),

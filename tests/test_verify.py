@@ -31,11 +31,11 @@ def test_verify_reports_steering_fires_and_exact_batchmates(tiny_model, tmp_path
 
 
 def test_differences_tell_tokens_from_logprobs():
-    from hotwire.engine_plugin.verify import _differences
+    from hotwire.engine_plugin.verify import differences
 
     want = [{"tokens": [1, 2], "logprobs": [-1.0, -2.0]}] * 3
     got = [{"tokens": [1, 3], "logprobs": [-1.0, -2.0]},      # a token changed
            {"tokens": [1, 2], "logprobs": [-1.0, -2.25]},     # same tokens, one logprob moved
            {"tokens": [1, 2], "logprobs": [-1.0, -2.0]}]      # identical
-    assert _differences(got, want) == {"requests": 3, "tokens_differ": 1, "logprobs_only_differ": 1,
+    assert differences(got, want) == {"requests": 3, "tokens_differ": 1, "logprobs_only_differ": 1,
                                        "max_logprob_diff": 0.25}

@@ -1,0 +1,56 @@
+"""``hotwire::steer``, the steering add, as one opaque custom op: Triton on CUDA, torch elsewhere.
+
+Why opaque. Traced as plain tensor code, the add was fused by inductor into the next layer's
+RMSNorm kernel, and on the GPU the heavier kernel made inductor pick another reduction
+strategy (looped instead of persistent): the norm's summation order changed, and with it the
+rounding of unsteered tokens. As a custom op the add is a kernel of its own, one launch per
+armed layer; every kernel around it is generated exactly as without the plugin, and an
+unsteered token passes through bit for bit (invariant 1).
+
+Contract, for ``x [T, H]`` (the residual stream), ``positions [T]`` and armed layer ``layer``::
+
+    out[t] = x[t] + sum_k  where(lo <= positions[t] < hi,  coef * bank[row],  -0.0)
+             with (row, lo, hi) = route[t, layer, k],  coef = coef[t, layer, k]
+
+in float32, rounded once to ``x.dtype``. ``-0.0`` is the exact identity of float addition, so a
+token with no entry on keeps every bit. ``out`` is a new contiguous tensor (custom ops may not
+alias their inputs).
+"""
+
+from __future__ import annotations
+
+import torch
+
+
+def reference(x: torch.Tensor, positions: torch.Tensor, bank: torch.Tensor, route: torch.Tensor,
+              coef: torch.Tensor, layer: int) -> torch.Tensor:
+    """The contract in torch: the CPU kernel, and what the Triton kernel is tested against."""
+    # x: [T, H]; positions: [T]; bank: [S+1, H]; route: [N>=T, A, K, 3] int32; coef: [N, A, K]
+    n = x.shape[0]
+    rt = route[:n, layer]                                        # [T, K, 3]
+    c = coef[:n, layer]                                          # [T, K]
+    pos = positions[:n, None]                                    # [T, 1]
+    on = (pos >= rt[..., 1]) & (pos < rt[..., 2])                # [T, K]
+    acc = x.to(torch.float32, copy=True)                         # [T, H]
+    for k in range(rt.shape[1]):  # K is small and static
+        v = bank[rt[:, k, 0]].float() * c[:, k, None]            # [T, H]
+        acc = acc + torch.where(on[:, k, None], v, -0.0)
+    return acc.to(x.dtype).contiguous()
+
+
+@torch.library.custom_op("hotwire::steer", mutates_args=())
+def steer(x: torch.Tensor, positions: torch.Tensor, bank: torch.Tensor, route: torch.Tensor,
+          coef: torch.Tensor, layer: int) -> torch.Tensor:
+    return reference(x, positions, bank, route, coef, layer)
+
+
+@steer.register_fake
+def _(x, positions, bank, route, coef, layer):
+    return x.new_empty(x.shape)
+
+
+@steer.register_kernel("cuda")
+def _(x, positions, bank, route, coef, layer):
+    from .steer_triton import launch  # Triton is only needed (and present) where CUDA is
+
+    return launch(x, positions, bank, route, coef, layer)

@@ -1,0 +1,47 @@
+"""The Triton kernel behind ``hotwire::steer`` on CUDA (contract: :mod:`.steer_op`).
+
+One program per (token, block of the hidden dim). The routing entries a program reads sit at
+the token's own index, so the bank row is the only dependent load, and it is skipped (masked)
+for entries that are off: an unsteered step reads x, its routing entries and writes x back.
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+
+@triton.jit
+def _steer(x_ptr, out_ptr, pos_ptr, bank_ptr, route_ptr, coef_ptr, layer, armed,
+           H: tl.constexpr, K: tl.constexpr, BLOCK: tl.constexpr):
+    t = tl.program_id(0).to(tl.int64)
+    cols = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)       # [BLOCK]
+    mask = cols < H
+    acc = tl.load(x_ptr + t * H + cols, mask=mask).to(tl.float32)
+    p = tl.load(pos_ptr + t)
+    entry = (t * armed + layer) * K                             # route[t, layer, 0]
+    for k in tl.static_range(K):
+        row = tl.load(route_ptr + (entry + k) * 3).to(tl.int64)
+        lo = tl.load(route_ptr + (entry + k) * 3 + 1)
+        hi = tl.load(route_ptr + (entry + k) * 3 + 2)
+        on = (p >= lo) & (p < hi)
+        c = tl.load(coef_ptr + entry + k)
+        width = tl.where(on, H, 0)                              # off: the row is not read at all
+        v = tl.load(bank_ptr + row * H + cols, mask=cols < width, other=0.0).to(tl.float32)
+        acc += tl.where(on, v * c, -0.0)
+    tl.store(out_ptr + t * H + cols, acc.to(out_ptr.dtype.element_ty), mask=mask)
+
+
+def launch(x: torch.Tensor, positions: torch.Tensor, bank: torch.Tensor, route: torch.Tensor,
+           coef: torch.Tensor, layer: int) -> torch.Tensor:
+    # x: [T, H]; positions: [T]; bank: [S+1, H]; route: [N>=T, A, K, 3] int32; coef: [N, A, K]
+    x, positions = x.contiguous(), positions.contiguous()
+    out = torch.empty_like(x)
+    n, h = x.shape
+    if n == 0:
+        return out
+    block = min(1024, triton.next_power_of_2(h))
+    _steer[(n, triton.cdiv(h, block))](x, out, positions, bank, route, coef, layer, route.shape[1],
+                                       H=h, K=route.shape[2], BLOCK=block, num_warps=4)
+    return out
