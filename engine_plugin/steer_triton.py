@@ -2,7 +2,8 @@
 
 One program per (token, block of the hidden dim). The routing entries a program reads sit at
 the token's own index, so the bank row is the only dependent load, and it is skipped (masked)
-for entries that are off: an unsteered step reads x, its routing entries and writes x back.
+for entries that are off: an unsteered token reads x and its routing entries, and stores x as
+loaded (a select, not an add of zero, which compilers may fold away from ``-0.0``).
 """
 
 from __future__ import annotations
@@ -17,20 +18,23 @@ def _steer(x_ptr, out_ptr, pos_ptr, bank_ptr, route_ptr, coef_ptr, layer, armed,
            H: tl.constexpr, K: tl.constexpr, BLOCK: tl.constexpr):
     t = tl.program_id(0).to(tl.int64)
     cols = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)       # [BLOCK]
-    mask = cols < H
-    acc = tl.load(x_ptr + t * H + cols, mask=mask).to(tl.float32)
+    x = tl.load(x_ptr + t * H + cols, mask=cols < H)
+    acc = x.to(tl.float32)
     p = tl.load(pos_ptr + t)
     entry = (t * armed + layer) * K                             # route[t, layer, 0]
+    hits = 0
     for k in tl.static_range(K):
         row = tl.load(route_ptr + (entry + k) * 3).to(tl.int64)
         lo = tl.load(route_ptr + (entry + k) * 3 + 1)
         hi = tl.load(route_ptr + (entry + k) * 3 + 2)
         on = (p >= lo) & (p < hi)
-        c = tl.load(coef_ptr + entry + k)
-        width = tl.where(on, H, 0)                              # off: the row is not read at all
+        hits += on.to(tl.int32)
+        width = tl.where(on, H, 0)                              # off: the row is not read, v = 0
         v = tl.load(bank_ptr + row * H + cols, mask=cols < width, other=0.0).to(tl.float32)
-        acc += tl.where(on, v * c, -0.0)
-    tl.store(out_ptr + t * H + cols, acc.to(out_ptr.dtype.element_ty), mask=mask)
+        acc += v * tl.load(coef_ptr + entry + k)
+    # a token with no entry on is stored as loaded: every bit, signed zeros included
+    out = tl.where(hits > 0, acc.to(out_ptr.dtype.element_ty), x)
+    tl.store(out_ptr + t * H + cols, out, mask=cols < H)
 
 
 def launch(x: torch.Tensor, positions: torch.Tensor, bank: torch.Tensor, route: torch.Tensor,

@@ -124,8 +124,13 @@ def _steered_class(base: type) -> type:
         out = base.forward(self, *args, **kwargs)
         positions = kwargs["positions"] if "positions" in kwargs else args[at]
         if isinstance(out, tuple) and len(out) == 2 and out[1] is not None:
-            hidden, residual = out  # vLLM's fused pair: the stream is hidden + residual
-            return hidden, self.hotwire(residual, positions, self.hotwire_index)
+            # vLLM's fused pair: the stream is hidden + residual. Steer ``hidden``, the layer's
+            # own output (in most families the MLP's down projection, a GEMM result that every
+            # compiled graph materialises), never ``residual``: inductor may keep the residual sum
+            # unmaterialised in float32 and recompute it inside the next norm kernel, and an op
+            # reading it would force a rounded bf16 copy, moving unsteered tokens' logprobs.
+            hidden, residual = out
+            return self.hotwire(hidden, positions, self.hotwire_index), residual
         if isinstance(out, torch.Tensor):
             return self.hotwire(out, positions, self.hotwire_index)
         raise TypeError(f"{base.__name__} returns {type(out).__name__}; cannot steer it")

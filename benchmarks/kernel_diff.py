@@ -1,0 +1,91 @@
+"""Which kernels does inductor generate differently with hotwire loaded?
+
+Invariant 1 rests on the plugin leaving every generated kernel as it is without the plugin:
+the steering op is opaque, so the only new kernel should be its own. This runs the batch of
+``hotwire verify`` through a plugin-free and an armed engine (each in its own process, compiling
+cold, with ``TORCH_LOGS=output_code``), collects the Triton kernels inductor wrote for each, and
+reports the distinct kernels found in one engine only (names without inductor's numbering,
+sources compared whole). Counts of compiled kernels may differ: the op's layer index is a
+constant, so hotwire compiles each armed layer's piece of the graph on its own where vLLM
+reuses one; the kernels generated must not.
+
+    python3 benchmarks/kernel_diff.py --model DIR [--dummy] [--engine-args JSON] --out OUTDIR
+
+Writes OUTDIR/kernel_diff.json and, for each engine, the sources of its kernels the other lacks
+(OUTDIR/only-<engine>.py); the engines' logs stay in a temporary directory (they are large).
+Exit status 0 when the kernel sources are the same multiset, 1 when they differ.
+"""
+
+from __future__ import annotations
+
+import argparse
+import collections
+import json
+import os
+import re
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+import numpy as np
+
+# inductor's output code: async_compile.triton('triton_per_fused_add_mean_3', '''<source>''', ...)
+_KERNEL = re.compile(r"async_compile\.triton\('(\w+)', '''(.*?)'''", re.S)
+_LOG_PREFIX = re.compile(r"^.*?\[__output_code\] ?", re.M)  # "[rank0]:V1130 15:23:11.248 9494 graph.py:2552] "
+
+
+def kernels(log: str) -> collections.Counter:
+    """Kernel sources in an output-code log, with inductor's numbering taken out of the names."""
+    found = collections.Counter()
+    for name, src in _KERNEL.findall(_LOG_PREFIX.sub("", log)):
+        base = re.sub(r"_\d+$", "", name)
+        found[(base, src.replace(name, base))] += 1
+    return found
+
+
+def main() -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p.add_argument("--model", required=True)
+    p.add_argument("--dummy", action="store_true", help="random weights (load_format=dummy)")
+    p.add_argument("--engine-args", type=json.loads, default={})
+    p.add_argument("--out", type=Path, required=True)
+    args = p.parse_args()
+    from transformers import AutoConfig
+
+    vocab = AutoConfig.from_pretrained(args.model).get_text_config().vocab_size
+    rng = np.random.default_rng(1)
+    batch = [{"prompt_token_ids": rng.integers(0, vocab, 24).tolist(), "max_tokens": 8} for _ in range(8)]
+    engine = dict(max_model_len=512, max_num_seqs=8, seed=0, skip_tokenizer_init=True,
+                  **({"load_format": "dummy"} if args.dummy else {}), **args.engine_args)
+    args.out.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix="hotwire-kernel-diff-"))
+    found = {}
+    for name, plugin in (("plugin-free", False), ("hotwire", True)):
+        work = tmp / name
+        work.mkdir(exist_ok=True)
+        (work / "job.json").write_text(json.dumps({"model": args.model, "engine": engine, "plugin": plugin,
+                                                   "rounds": [batch]}))
+        env = {**os.environ, "TORCH_LOGS": "output_code", "VLLM_ENABLE_V1_MULTIPROCESSING": "0",
+               "VLLM_CACHE_ROOT": str(work / "vllm-cache"), "TORCHINDUCTOR_CACHE_DIR": str(work / "inductor"),
+               "HOTWIRE_MAILBOX": str(work / "engine.mbx")}
+        with open(work / "engine.log", "w") as log:
+            rc = subprocess.run([sys.executable, "-m", "hotwire.engine_plugin.jobs", str(work / "job.json"),
+                                 str(work / "out.json")], env=env, stdout=log, stderr=subprocess.STDOUT).returncode
+        if rc != 0:
+            raise SystemExit(f"kernel_diff: the {name} engine failed (exit {rc}); see {work / 'engine.log'}")
+        found[name] = kernels((work / "engine.log").read_text())
+    free, armed = set(found["plugin-free"]), set(found["hotwire"])
+    only = {"plugin_free_only": sorted(k for k, _ in free - armed), "hotwire_only": sorted(k for k, _ in armed - free)}
+    for name, extra in (("plugin-free", free - armed), ("hotwire", armed - free)):
+        (args.out / f"only-{name}.py").write_text("".join(f"# {k}\n{src}\n\n" for k, src in sorted(extra)))
+    report = {"model": args.model, "engine": engine,
+              "compiled": {k: sum(v.values()) for k, v in found.items()},
+              "distinct": {k: len(v) for k, v in found.items()}, "same": free == armed, **only}
+    (args.out / "kernel_diff.json").write_text(json.dumps(report, indent=1))
+    print(json.dumps(report, indent=1))
+    return 0 if free == armed else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
