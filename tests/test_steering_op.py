@@ -1,6 +1,8 @@
 """The steering op and its tables against a direct computation: on CPU tensors, and (``-m gpu``)
 the Triton kernel against the torch reference."""
 
+from pathlib import Path
+
 import pytest
 import torch
 from torch import nn
@@ -206,3 +208,13 @@ def test_layer_selection(spec, want):
     from hotwire.engine_plugin.config import HotwireConfig
 
     assert HotwireConfig(layers=spec).armed_layers(4) == want
+
+
+def test_compile_salt_names_the_op_source():
+    from hotwire.engine_plugin import salts
+
+    digest = salts.op_digest()
+    assert len(digest) == 16 and int(digest, 16) >= 0
+    assert f"op={digest}" in salts.compile_salt(None)
+    src = b"".join((Path(salts.__file__).parent / f).read_bytes() for f in salts._OP_SOURCES)
+    assert b"hotwire::steer" in src and b"@triton.jit" in src  # the op and its kernel are both hashed

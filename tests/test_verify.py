@@ -39,3 +39,18 @@ def test_differences_tell_tokens_from_logprobs():
            {"tokens": [1, 2], "logprobs": [-1.0, -2.0]}]      # identical
     assert differences(got, want) == {"requests": 3, "tokens_differ": 1, "logprobs_only_differ": 1,
                                        "max_logprob_diff": 0.25}
+
+
+def test_determinism_control_finds_two_plugin_free_engines_identical(tiny_model, tmp_path):
+    """benchmarks/determinism.py: the control behind every bit-exactness comparison (CPU engines)."""
+    from pathlib import Path
+
+    script = Path(__file__).parents[1] / "benchmarks" / "determinism.py"
+    proc = subprocess.run([sys.executable, str(script), "--model", str(tiny_model), "--batch", "3",
+                           "--engine-args", json.dumps({"dtype": "float32", "kv_cache_memory_bytes": 128 * 2**20}),
+                           "--out", str(tmp_path / "det.json")],
+                          env=engine_env(tmp_path), capture_output=True, text=True, timeout=900)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    report = json.loads((tmp_path / "det.json").read_text())
+    assert report["identical"] and report["diff"] == {"requests": 3, "tokens_differ": 0, "logprobs_only_differ": 0,
+                                                      "max_logprob_diff": 0.0}
