@@ -23,8 +23,8 @@ How:
   steps and the per-call overhead are identical in both calls and cancel exactly (prefix
   caching is off and ``max_num_batched_tokens`` >= 32 B, so all prompts prefill in one step and
   the batch then decodes in lockstep). The same difference is taken per kernel name, and the
-  names whose time differs most from plugin-free are listed: which fused kernels grew, by how
-  much, and whether the launch count per step changed.
+  names whose time differs most from plugin-free are listed: the op's own kernel, any kernel
+  the plugin changed, and whether the launch count per step changed.
 * Prefill, per prompt length P (default 4096 and 8192): one request of P tokens and one output
   token, a single step; its kernel time and wall-clock tokens/s, steered vs idle vs plugin-free.
 * Shapes: Qwen3 0.6B/4B/8B configs (``write_config``) with ``load_format="dummy"``, bf16,
@@ -244,8 +244,8 @@ def _kernels(row: dict) -> dict[str, float]:
 
 
 def _attributed(free: list[dict], idle: list[dict], steered: list[dict]) -> dict:
-    """The op's own cost: time of the kernels whose names differ from plugin-free (the kernels
-    the op was fused into, and any it added) minus that of the kernels they replace.
+    """The op's own cost: time of the kernels whose names differ from plugin-free (the op's
+    kernel, and any kernel the plugin changed) minus that of the kernels they replace.
 
     Unchanged kernels (GEMMs, attention) are left out, so a neighbour on the GPU or clock drift
     that slows them in one process does not read as steering cost. Ratios are then taken on the
@@ -345,7 +345,7 @@ def _markdown(rows: list[dict], diffs: list[dict], prefill: list[dict], conds: l
         out.append("| " + " | ".join(cells) + " |")
     if any("op_idle_us" in r for r in rows):
         head = ["batch", "op us idle", "op us steered", "idle/pf", "steered/idle"]
-        out += ["", "the op's own cost: kernels that differ from plugin-free (the fused norm kernels), "
+        out += ["", "the op's own cost: kernels that differ from plugin-free (the op's, and any it changed), "
                 "minus the ones they replace; ratios on the plugin-free step", "",
                 "| " + " | ".join(head) + " |", "|" + " --- |" * len(head)]
         for r in rows:
