@@ -4,16 +4,19 @@ Why opaque. Traced as plain tensor code, the add was fused by inductor into the 
 RMSNorm kernel, and on the GPU the heavier kernel made inductor pick another reduction
 strategy (looped instead of persistent): the norm's summation order changed, and with it the
 rounding of unsteered tokens. As a custom op the add is a kernel of its own, one launch per
-armed layer; every kernel around it is generated exactly as without the plugin, and an
-unsteered token passes through bit for bit (invariant 1).
+armed layer, and the kernels around it are generated exactly as without the plugin, provided
+its input is a tensor the plugin-free graph stores too (hence the layer's output, not the
+residual: :func:`.steering._steered_class`). An unsteered token passes through bit for bit
+(invariant 1); ``benchmarks/kernel_diff.py`` compares the generated kernels.
 
-Contract, for ``x [T, H]`` (the residual stream), ``positions [T]`` and armed layer ``layer``::
+Contract, for ``x [T, H]`` (the layer's output: one addend of the residual stream), ``positions [T]``
+and armed layer ``layer``::
 
     out[t] = x[t] + sum_k  where(lo <= positions[t] < hi,  coef * bank[row],  -0.0)
              with (row, lo, hi) = route[t, layer, k],  coef = coef[t, layer, k]
 
-in float32, rounded once to ``x.dtype``. ``-0.0`` is the exact identity of float addition, so a
-token with no entry on keeps every bit. ``out`` is a new contiguous tensor (custom ops may not
+in float32, rounded once to ``x.dtype``. A token with no entry on keeps every bit (here ``-0.0``
+is the exact identity of float addition; the Triton kernel stores such a token as loaded). ``out`` is a new contiguous tensor (custom ops may not
 alias their inputs).
 """
 

@@ -72,7 +72,7 @@ class SteeringTables(nn.Module):
             self.tok_coef[n:stale].zero_()
 
     def forward(self, x: torch.Tensor, positions: torch.Tensor, i: int) -> torch.Tensor:
-        # x: [T, H] residual stream after the layer; positions: [T] (or [3, T] for M-RoPE)
+        # x: [T, H] the layer's output (an addend of the stream); positions: [T] (or [3, T] for M-RoPE)
         if positions.dim() == 2:
             positions = positions[0]
         return steer(x, positions[: x.shape[0]], self.bank, self.tok_route, self.tok_coef, i)
