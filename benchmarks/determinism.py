@@ -21,9 +21,7 @@ import sys
 import tempfile
 from pathlib import Path
 
-import numpy as np
-
-from hotwire.engine_plugin.verify import differences, run_job
+from hotwire.engine_plugin.verify import differences, probe_batch, probe_engine, run_job
 
 
 def main() -> int:
@@ -37,13 +35,8 @@ def main() -> int:
     import torch
     from transformers import AutoConfig
 
-    vocab = AutoConfig.from_pretrained(args.model).get_text_config().vocab_size
-    rng = np.random.default_rng(1)
-    batch = [{"prompt_token_ids": rng.integers(0, vocab, 24).tolist(), "max_tokens": 16, "logprobs": 0}
-             for _ in range(args.batch)]
-    engine = dict(max_model_len=512, max_num_seqs=max(8, args.batch), seed=0, skip_tokenizer_init=True,
-                  enforce_eager=not torch.cuda.is_available(), **({"load_format": "dummy"} if args.dummy else {}),
-                  **args.engine_args)
+    batch = probe_batch(AutoConfig.from_pretrained(args.model).get_text_config().vocab_size, args.batch)
+    engine = {**probe_engine(args.batch, dummy=args.dummy, eager=not torch.cuda.is_available()), **args.engine_args}
     runs = []
     for name in ("first", "second"):
         work = Path(tempfile.mkdtemp(prefix=f"hotwire-determinism-{name}-"))

@@ -13,7 +13,7 @@ reuses one; the kernels generated must not.
 
 Writes OUTDIR/kernel_diff.json and, for each engine, the sources of its kernels the other lacks
 (OUTDIR/only-<engine>.py); the engines' logs stay in a temporary directory (they are large).
-Exit status 0 when the kernel sources are the same multiset, 1 when they differ.
+Exit status 0 when both engines generated the same set of kernel sources, 1 when they differ.
 """
 
 from __future__ import annotations
@@ -28,7 +28,7 @@ import sys
 import tempfile
 from pathlib import Path
 
-import numpy as np
+from hotwire.engine_plugin.verify import probe_batch, probe_engine
 
 # inductor's output code: async_compile.triton('triton_per_fused_add_mean_3', '''<source>''', ...)
 _KERNEL = re.compile(r"async_compile\.triton\('(\w+)', '''(.*?)'''", re.S)
@@ -53,11 +53,8 @@ def main() -> int:
     args = p.parse_args()
     from transformers import AutoConfig
 
-    vocab = AutoConfig.from_pretrained(args.model).get_text_config().vocab_size
-    rng = np.random.default_rng(1)
-    batch = [{"prompt_token_ids": rng.integers(0, vocab, 24).tolist(), "max_tokens": 8} for _ in range(8)]
-    engine = dict(max_model_len=512, max_num_seqs=8, seed=0, skip_tokenizer_init=True,
-                  **({"load_format": "dummy"} if args.dummy else {}), **args.engine_args)
+    batch = probe_batch(AutoConfig.from_pretrained(args.model).get_text_config().vocab_size, 8)
+    engine = {**probe_engine(8, dummy=args.dummy, eager=False), **args.engine_args}
     args.out.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix="hotwire-kernel-diff-"))
     found = {}

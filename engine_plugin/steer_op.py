@@ -9,15 +9,15 @@ its input is a tensor the plugin-free graph stores too (hence the layer's output
 residual: :func:`.steering._steered_class`). An unsteered token passes through bit for bit
 (invariant 1); ``benchmarks/kernel_diff.py`` compares the generated kernels.
 
-Contract, for ``x [T, H]`` (the layer's output: one addend of the residual stream), ``positions [T]``
-and armed layer ``layer``::
+Contract, for ``x [T, H]`` (the layer's output: one addend of the residual stream),
+``positions [T]`` and armed layer ``layer``::
 
     out[t] = x[t] + sum_k  where(lo <= positions[t] < hi,  coef * bank[row],  -0.0)
              with (row, lo, hi) = route[t, layer, k],  coef = coef[t, layer, k]
 
 in float32, rounded once to ``x.dtype``. A token with no entry on keeps every bit (here ``-0.0``
-is the exact identity of float addition; the Triton kernel stores such a token as loaded). ``out`` is a new contiguous tensor (custom ops may not
-alias their inputs).
+is the exact identity of float addition; the Triton kernel stores such a token as loaded).
+``out`` is a new contiguous tensor (custom ops may not alias their inputs).
 """
 
 from __future__ import annotations

@@ -71,6 +71,20 @@ def run_job(work: Path, name: str, job: dict, env: dict[str, str]) -> tuple[dict
     return json.loads((work / f"{name}.out.json").read_text()), lines
 
 
+def probe_engine(batch: int, *, dummy: bool, eager: bool) -> dict:
+    """The ``LLM(...)`` arguments verify runs its engines with (more are applied on top)."""
+    return dict(max_model_len=512, max_num_seqs=max(8, batch), seed=0, skip_tokenizer_init=True,
+                enforce_eager=eager, **({"load_format": "dummy"} if dummy else {}))
+
+
+def probe_batch(vocab: int, n: int, spec: dict | None = None) -> list[dict]:
+    """Verify's batch: ``n`` seeded random 24-token prompts, 16 greedy tokens with logprobs;
+    ``spec`` (if any) steers request 0 only."""
+    rng = np.random.default_rng(1)
+    return [{"prompt_token_ids": rng.integers(0, vocab, 24).tolist(), "max_tokens": 16, "logprobs": 0,
+             "spec": spec if i == 0 else None} for i in range(n)]
+
+
 def differences(got: list[dict], want: list[dict]) -> dict:
     """How requests differ from the plugin-free run: in tokens, or only in logprobs (and by how much)."""
     tokens = sum(g["tokens"] != w["tokens"] for g, w in zip(got, want))
@@ -116,10 +130,7 @@ def run(args: argparse.Namespace) -> int:
     (work / "vectors" / "verify.safetensors").write_bytes(
         encode_safetensors(_direction(model_dir, hidden, token).astype(np.float32)))
     gpu = torch.cuda.is_available()
-    engine = dict(max_model_len=512, max_num_seqs=max(8, args.batch), seed=0, skip_tokenizer_init=True,
-                  enforce_eager=args.eager or not gpu)
-    if args.dummy:
-        engine["load_format"] = "dummy"
+    engine = probe_engine(args.batch, dummy=args.dummy, eager=args.eager or not gpu)
     if not gpu:
         engine.update(dtype="float32", kv_cache_memory_bytes=256 * 2**20)
     if args.quantization:
@@ -128,9 +139,7 @@ def run(args: argparse.Namespace) -> int:
         engine["attention_backend"] = args.attention_backend
     engine.update(args.engine_args)
     spec = {"id": "verify", "layer": n_layers - 1, "scale": args.scale}
-    rng = np.random.default_rng(1)
-    batch = [{"prompt_token_ids": rng.integers(0, vocab, 24).tolist(), "max_tokens": 16, "logprobs": 0,
-              "spec": spec if i == 0 else None} for i in range(args.batch)]
+    batch = probe_batch(vocab, args.batch, spec)
     # A private vLLM cache: both engines compile cold, so their compile counts compare (an engine
     # loading an earlier run's compiled artifact would count none).
     env = {**os.environ, "HOTWIRE_VECTORS": str(work / "vectors"), "HOTWIRE_MAILBOX": str(work / "engine.mbx"),
