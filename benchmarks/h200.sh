@@ -5,7 +5,8 @@
 #   bash benchmarks/h200.sh checks OUTDIR   # op kernel, GPU suite (both runners), e2e operator flow,
 #                                           # determinism control
 #   bash benchmarks/h200.sh matrix OUTDIR   # verified-architectures matrix
-#   bash benchmarks/h200.sh perf   OUTDIR [SHAPE...]  # kernel time per decode step / prefill (0.6B: + eager)
+#   bash benchmarks/h200.sh perf   OUTDIR [SHAPE...]  # kernel time per decode step / prefill: plugin-free,
+#                                           # armed on all layers, armed on two (0.6B: + eager)
 #   bash benchmarks/h200.sh serve  OUTDIR   # host work per step; served tokens/s, hotwire vs plugin-free
 #
 # On a two-GPU box two stages run at once, one per GPU, e.g.
@@ -43,7 +44,8 @@ case $stage in
           # about 5 min per shape, so one or two shapes per call
     shift 2
     for shape in "${@:-qwen3-0.6b}"; do
-      [ "$shape" = qwen3-0.6b ] && kinds="plugin_free hotwire eager" || kinds="plugin_free hotwire"
+      kinds="plugin_free hotwire hotwire_2"
+      [ "$shape" = qwen3-0.6b ] && kinds="$kinds eager"
       job "kt-$shape" python3 benchmarks/kernel_time.py --shape "$shape" --processes $kinds --repeats 1 \
         --steps 32 --parallel 1 --out "$out/kernel-time-$shape.json"
       wait

@@ -11,7 +11,8 @@ How:
   engine never shares a process with a patched one: ``plugin_free`` (``VLLM_PLUGINS=none``),
   ``hotwire`` (armed on every layer, 256 startup vectors), measuring ``idle`` (no request
   steered) and ``steered`` (every request its own two vectors and scales, on layers n/3 and
-  2n/3) side by side in the same engine, and, if asked for, ``eager`` (steered with
+  2n/3) side by side in the same engine; ``hotwire_2``, the same armed on those two layers only
+  (``HOTWIRE_LAYERS``: the op costs one launch per armed layer); and, if asked for, ``eager`` (steered with
   ``enforce_eager=True``: what hook-style steering pays). ``VLLM_ENABLE_V1_MULTIPROCESSING=0``
   keeps the engine core and worker in the child, where the profiler sees them. Processes are
   started A B A B ... (``--repeats``), ``--parallel`` at a time: start-ups (compile, capture)
@@ -67,9 +68,11 @@ PROMPT_LEN, N1, N_VECTORS = 32, 8, 256
 PROCESSES = {  # process kind: (plugin loaded, enforce_eager, conditions measured in it)
     "plugin_free": (False, False, ("plugin_free",)),
     "hotwire": (True, False, ("idle", "steered")),
+    "hotwire_2": (True, False, ("idle_2", "steered_2")),  # armed on the two steered layers only
     "eager": (True, True, ("eager",)),
 }
-STEERED = {"plugin_free": False, "idle": False, "steered": True, "eager": True}
+STEERED = {"plugin_free": False, "idle": False, "steered": True, "idle_2": False, "steered_2": True, "eager": True}
+PAIRS = (("idle", "steered"), ("idle_2", "steered_2"))  # (idle, steered) conditions of one engine
 
 
 # ---------------------------------------------------------------- child: one engine, its conditions
@@ -108,7 +111,7 @@ def _child(job_path: str, out: Path) -> None:
     waited_s = time.perf_counter() - t0
 
     device, activity = (DeviceType.CPU, ProfilerActivity.CPU) if smoke else (DeviceType.CUDA, ProfilerActivity.CUDA)
-    l1, l2 = n_layers // 3, (2 * n_layers) // 3
+    l1, l2 = _steered_layers(n_layers)
     sent = {"steered": 0}
 
     def call(b: int, n: int, cond: str, prompt_len: int = PROMPT_LEN):
@@ -202,6 +205,10 @@ def _child(job_path: str, out: Path) -> None:
                                "counters": counters, "rows": rows, "prefill": prefill}))
 
 
+def _steered_layers(n_layers: int) -> tuple[int, int]:
+    return n_layers // 3, (2 * n_layers) // 3
+
+
 # ---------------------------------------------------------------- parent: alternate, summarise
 def _vectors(path: Path, hidden: int) -> None:
     from hotwire.shared.wire import encode_safetensors
@@ -220,6 +227,8 @@ def _run_child(work: Path, tag: str, process: str, common: dict) -> dict:
                HOTWIRE_VECTORS=str(work / "vectors"))
     if not PROCESSES[process][0]:
         env["VLLM_PLUGINS"] = "none"  # vLLM loads no general plugin: a plugin-free engine
+    if process == "hotwire_2":
+        env["HOTWIRE_LAYERS"] = ",".join(map(str, _steered_layers(common["layers"])))
     t = time.time()
     with open(log, "w") as f:
         cmd = [sys.executable, __file__, "--child", str(job), "--out", str(out)]
@@ -277,14 +286,15 @@ def _summary(samples: dict[str, list[dict]], batches: list[int], top: int) -> tu
                         f"{c}_spread": round((max(k) - min(k)) / med(k), 4),
                         f"{c}_wall_ms": round(med(x["wall_ms"] for x in xs), 4)})
 
-        row.update(idle_over_plugin_free=_ratio(s, "idle", "plugin_free", "kernel_us"),
-                   steered_over_idle=_ratio(s, "steered", "idle", "kernel_us"),
-                   wall_idle_over_plugin_free=_ratio(s, "idle", "plugin_free", "wall_ms"),
-                   wall_steered_over_idle=_ratio(s, "steered", "idle", "wall_ms"))
+        for idle, steered in PAIRS:
+            row.update({f"{idle}_over_plugin_free": _ratio(s, idle, "plugin_free", "kernel_us"),
+                        f"{steered}_over_{idle}": _ratio(s, steered, idle, "kernel_us"),
+                        f"wall_{idle}_over_plugin_free": _ratio(s, idle, "plugin_free", "wall_ms"),
+                        f"wall_{steered}_over_{idle}": _ratio(s, steered, idle, "wall_ms")})
+            if {"plugin_free", idle, steered} <= s.keys():
+                row[f"op_{idle}"] = _attributed(s["plugin_free"], s[idle], s[steered])
         if "eager" in s:
             row["eager_over_plugin_free"] = _ratio(s, "eager", "plugin_free", "kernel_us")
-        if {"plugin_free", "idle", "steered"} <= s.keys():
-            row.update(_attributed(s["plugin_free"], s["idle"], s["steered"]))
         rows.append(row)
         if "plugin_free" not in s:
             continue
@@ -293,7 +303,7 @@ def _summary(samples: dict[str, list[dict]], batches: list[int], top: int) -> tu
             for name in {n for x in xs for n in x["by_name"]}:
                 vals = [x["by_name"].get(name, [0.0, 0.0]) for x in xs]
                 names[c][name] = [round(med(v[0] for v in vals), 3), med(v[1] for v in vals)]
-        for c in ("idle", "steered"):
+        for c in [c for pair in PAIRS for c in pair]:
             if c not in s:
                 continue
             base, cur = names["plugin_free"], names[c]
@@ -315,62 +325,60 @@ def _prefill_summary(samples: dict[str, list[dict]], lengths: list[int]) -> list
         for c, xs in s.items():
             row.update({f"{c}_kernel_us": round(med(x["kernel_us"] for x in xs), 1),
                         f"{c}_tokens_per_s": round(med(x["tokens_per_s"] for x in xs), 1)})
-
         # throughput ratios: the time of the denominator's condition over the numerator's
-        row.update(steered_over_idle=_ratio(s, "idle", "steered", "kernel_us"),
-                   idle_over_plugin_free=_ratio(s, "plugin_free", "idle", "kernel_us"),
-                   wall_steered_over_idle=_ratio(s, "idle", "steered", "wall_ms"),
-                   wall_idle_over_plugin_free=_ratio(s, "plugin_free", "idle", "wall_ms"))
+        for idle, steered in PAIRS:
+            row.update({f"{steered}_over_{idle}": _ratio(s, idle, steered, "kernel_us"),
+                        f"{idle}_over_plugin_free": _ratio(s, "plugin_free", idle, "kernel_us"),
+                        f"wall_{steered}_over_{idle}": _ratio(s, idle, steered, "wall_ms"),
+                        f"wall_{idle}_over_plugin_free": _ratio(s, "plugin_free", idle, "wall_ms")})
         if "eager" in s:
             row["eager_over_plugin_free"] = _ratio(s, "plugin_free", "eager", "kernel_us")
         rows.append(row)
     return rows
 
 
+def _table(head: list[str], rows: list[list[str]]) -> list[str]:
+    return ["| " + " | ".join(head) + " |", "|" + " --- |" * len(head)] + ["| " + " | ".join(r) + " |" for r in rows]
+
+
 def _markdown(rows: list[dict], diffs: list[dict], prefill: list[dict], conds: list[str]) -> str:
     f = lambda v: "-" if v is None else f"{v:g}"  # noqa: E731
-    head = ["batch"] + [f"{c} us" for c in conds] + ["idle/pf", "steered/idle"] + \
-           (["eager/pf"] if "eager" in conds else []) + ["launches " + "/".join(conds), "max (max-min)/median"] + \
-           [f"wall {c} ms" for c in conds] + ["wall idle/pf", "wall steered/idle"]
-    out = ["kernel time per decode step (sum of device kernel durations), median over repeats", "",
-           "| " + " | ".join(head) + " |", "|" + " --- |" * len(head)]
-    for r in rows:
-        cells = [str(r["batch"])] + [f(r.get(f"{c}_kernel_us")) for c in conds] + \
-                [f(r["idle_over_plugin_free"]), f(r["steered_over_idle"])] + \
-                ([f(r["eager_over_plugin_free"])] if "eager" in conds else []) + \
-                ["/".join(f(r.get(f"{c}_kernels")) for c in conds),
-                 f"{100 * max(r.get(f'{c}_spread', 0) for c in conds):.2f} %"] + \
-                [f(r.get(f"{c}_wall_ms")) for c in conds] + \
-                [f(r["wall_idle_over_plugin_free"]), f(r["wall_steered_over_idle"])]
-        out.append("| " + " | ".join(cells) + " |")
-    if any("op_idle_us" in r for r in rows):
-        head = ["batch", "op us idle", "op us steered", "idle/pf", "steered/idle"]
-        out += ["", "the op's own cost: kernels that differ from plugin-free (the op's, and any it changed), "
-                "minus the ones they replace; ratios on the plugin-free step", "",
-                "| " + " | ".join(head) + " |", "|" + " --- |" * len(head)]
-        for r in rows:
-            if "op_idle_us" in r:
-                out.append(f"| {r['batch']} | {r['op_idle_us']:g} | {r['op_steered_us']:g} | "
-                           f"{r['attributed_idle_over_plugin_free']:g} | {r['attributed_steered_over_idle']:g} |")
+    pairs = [(i, st) for i, st in PAIRS if i in conds]
+    ratios = [f"{n}_over_{d}" for i, st in pairs for n, d in ((i, "plugin_free"), (st, i))]
+    eager = ["eager_over_plugin_free"] if "eager" in conds else []
+    name = lambda k: k.replace("_over_", "/").replace("plugin_free", "pf")  # noqa: E731
+    head = ["batch"] + [f"{c} us" for c in conds] + [name(k) for k in ratios + eager] + \
+           ["launches " + "/".join(conds), "max (max-min)/median"] + [f"wall {c} ms" for c in conds] + \
+           [f"wall {name(k)}" for k in ratios]
+    out = ["kernel time per decode step (sum of device kernel durations), median over repeats", ""]
+    out += _table(head, [[str(r["batch"])] + [f(r.get(f"{c}_kernel_us")) for c in conds] +
+                         [f(r.get(k)) for k in ratios + eager] +
+                         ["/".join(f(r.get(f"{c}_kernels")) for c in conds),
+                          f"{100 * max(r.get(f'{c}_spread', 0) for c in conds):.2f} %"] +
+                         [f(r.get(f"{c}_wall_ms")) for c in conds] + [f(r.get(f"wall_{k}")) for k in ratios]
+                         for r in rows])
+    for idle, steered in pairs:
+        ops = [(r["batch"], r[f"op_{idle}"]) for r in rows if f"op_{idle}" in r]
+        if ops:
+            out += ["", f"the op's own cost ({idle}, {steered}): kernels that differ from plugin-free (the op's, "
+                    "and any it changed), minus the ones they replace; ratios on the plugin-free step", ""]
+            out += _table(["batch", "op us idle", "op us steered", "idle/pf", "steered/idle"],
+                          [[str(b), f(o["op_idle_us"]), f(o["op_steered_us"]),
+                            f(o["attributed_idle_over_plugin_free"]), f(o["attributed_steered_over_idle"])]
+                           for b, o in ops])
+    ratios = [f"{n}_over_{d}" for i, st in pairs for n, d in ((st, i), (i, "plugin_free"))]
     head = ["prompt tokens"] + [f"{c} us" for c in conds] + [f"{c} tok/s" for c in conds] + \
-           ["steered/idle", "idle/pf"] + (["eager/pf"] if "eager" in conds else []) + \
-           ["wall steered/idle", "wall idle/pf"]
+           [name(k) for k in ratios + eager] + [f"wall {name(k)}" for k in ratios]
     out += ["", "prefill, one prompt in one step: kernel time and wall-clock tokens/s; ratios are throughput "
-            "(>= 0.99 is the target)", "", "| " + " | ".join(head) + " |", "|" + " --- |" * len(head)]
-    for r in prefill:
-        cells = [str(r["prompt_len"])] + [f(r.get(f"{c}_kernel_us")) for c in conds] + \
-                [f(r.get(f"{c}_tokens_per_s")) for c in conds] + \
-                [f(r["steered_over_idle"]), f(r["idle_over_plugin_free"])] + \
-                ([f(r["eager_over_plugin_free"])] if "eager" in conds else []) + \
-                [f(r["wall_steered_over_idle"]), f(r["wall_idle_over_plugin_free"])]
-        out.append("| " + " | ".join(cells) + " |")
-    out += ["", "kernels whose time per step differs most from plugin-free (us per step)", "",
-            "| batch | condition | kernel | plugin-free | condition | delta | calls/step |",
-            "| --- | --- | --- | --- | --- | --- | --- |"]
-    for d in diffs:
-        name = d["kernel"] if len(d["kernel"]) <= 90 else d["kernel"][:87] + "..."
-        out.append(f"| {d['batch']} | {d['condition']} | `{name}` | {d['plugin_free_us']:g} | {d['us']:g} | "
-                   f"{d['delta_us']:+g} | {d['calls']} |")
+            "(>= 0.99 is the target)", ""]
+    out += _table(head, [[str(r["prompt_len"])] + [f(r.get(f"{c}_kernel_us")) for c in conds] +
+                         [f(r.get(f"{c}_tokens_per_s")) for c in conds] + [f(r.get(k)) for k in ratios + eager] +
+                         [f(r.get(f"wall_{k}")) for k in ratios] for r in prefill])
+    out += ["", "kernels whose time per step differs most from plugin-free (us per step)", ""]
+    out += _table(["batch", "condition", "kernel", "plugin-free", "condition", "delta", "calls/step"],
+                  [[str(d["batch"]), d["condition"],
+                    "`" + (d["kernel"] if len(d["kernel"]) <= 90 else d["kernel"][:87] + "...") + "`",
+                    f(d["plugin_free_us"]), f(d["us"]), f"{d['delta_us']:+g}", d["calls"]] for d in diffs])
     return "\n".join(out)
 
 
@@ -421,7 +429,7 @@ def main() -> None:
     model, shape = benchmark_model(work, args.shape, args.smoke)
     config = json.loads((model / "config.json").read_text())
     _vectors(work / "vectors", config["hidden_size"])
-    common = {"model": str(model), "smoke": args.smoke, "batches": batches, "steps": steps, "prefill": prefills,
+    common = {"model": str(model), "layers": config["num_hidden_layers"], "smoke": args.smoke, "batches": batches, "steps": steps, "prefill": prefills,
               "lock": str(args.lock or work / "gpu.lock")}
     conds = [c for p in args.processes for c in PROCESSES[p][2]]
     print(f"work dir (child logs): {work}", flush=True)

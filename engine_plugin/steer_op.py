@@ -10,14 +10,18 @@ residual: :func:`.steering._steered_class`). An unsteered token passes through b
 (invariant 1); ``benchmarks/kernel_diff.py`` compares the generated kernels.
 
 Contract, for ``x [T, H]`` (the layer's output: one addend of the residual stream),
-``positions [T]`` and armed layer ``layer``::
+``positions [T]`` and the layer's per-token entries ``route [N>=T, K, 3]``, ``coef [N, K]``::
 
-    out[t] = x[t] + sum_k  where(lo <= positions[t] < hi,  coef * bank[row],  -0.0)
-             with (row, lo, hi) = route[t, layer, k],  coef = coef[t, layer, k]
+    out[t] = x[t] + sum_k  where(lo <= positions[t] < hi,  coef[t, k] * bank[row],  -0.0)
+             with (row, lo, hi) = route[t, k]
 
 in float32, rounded once to ``x.dtype``. A token with no entry on keeps every bit (here ``-0.0``
 is the exact identity of float addition; the Triton kernel stores such a token as loaded).
 ``out`` is a new contiguous tensor (custom ops may not alias their inputs).
+
+The op takes the layer's own entries, not the whole tables and a layer index: an index would be
+a constant of the traced graph, making every armed layer's piece of it unique (inductor compiled
+each one: start-up +75 % at 28 layers), and one held in a tensor would be one more dependent load.
 """
 
 from __future__ import annotations
@@ -26,12 +30,11 @@ import torch
 
 
 def reference(x: torch.Tensor, positions: torch.Tensor, bank: torch.Tensor, route: torch.Tensor,
-              coef: torch.Tensor, layer: int) -> torch.Tensor:
+              coef: torch.Tensor) -> torch.Tensor:
     """The contract in torch: the CPU kernel, and what the Triton kernel is tested against."""
-    # x: [T, H]; positions: [T]; bank: [S+1, H]; route: [N>=T, A, K, 3] int32; coef: [N, A, K]
+    # x: [T, H]; positions: [T]; bank: [S+1, H]; route: [N>=T, K, 3] int32; coef: [N, K] float32
     n = x.shape[0]
-    rt = route[:n, layer]                                        # [T, K, 3]
-    c = coef[:n, layer]                                          # [T, K]
+    rt, c = route[:n], coef[:n]                                  # [T, K, 3], [T, K]
     pos = positions[:n, None]                                    # [T, 1]
     on = (pos >= rt[..., 1]) & (pos < rt[..., 2])                # [T, K]
     acc = x.to(torch.float32, copy=True)                         # [T, H]
@@ -43,17 +46,17 @@ def reference(x: torch.Tensor, positions: torch.Tensor, bank: torch.Tensor, rout
 
 @torch.library.custom_op("hotwire::steer", mutates_args=())
 def steer(x: torch.Tensor, positions: torch.Tensor, bank: torch.Tensor, route: torch.Tensor,
-          coef: torch.Tensor, layer: int) -> torch.Tensor:
-    return reference(x, positions, bank, route, coef, layer)
+          coef: torch.Tensor) -> torch.Tensor:
+    return reference(x, positions, bank, route, coef)
 
 
 @steer.register_fake
-def _(x, positions, bank, route, coef, layer):
+def _(x, positions, bank, route, coef):
     return x.new_empty(x.shape)
 
 
 @steer.register_kernel("cuda")
-def _(x, positions, bank, route, coef, layer):
+def _(x, positions, bank, route, coef):
     from .steer_triton import launch  # Triton is only needed (and present) where CUDA is
 
-    return launch(x, positions, bank, route, coef, layer)
+    return launch(x, positions, bank, route, coef)

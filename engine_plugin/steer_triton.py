@@ -14,14 +14,14 @@ import triton.language as tl
 
 
 @triton.jit
-def _steer(x_ptr, out_ptr, pos_ptr, bank_ptr, route_ptr, coef_ptr, layer, armed,
+def _steer(x_ptr, out_ptr, pos_ptr, bank_ptr, route_ptr, coef_ptr,
            H: tl.constexpr, K: tl.constexpr, BLOCK: tl.constexpr):
     t = tl.program_id(0).to(tl.int64)
     cols = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)       # [BLOCK]
     x = tl.load(x_ptr + t * H + cols, mask=cols < H)
     acc = x.to(tl.float32)
     p = tl.load(pos_ptr + t)
-    entry = (t * armed + layer) * K                             # route[t, layer, 0]
+    entry = t * K                                               # route[t, 0]
     hits = 0
     for k in tl.static_range(K):
         row = tl.load(route_ptr + (entry + k) * 3).to(tl.int64)
@@ -38,14 +38,14 @@ def _steer(x_ptr, out_ptr, pos_ptr, bank_ptr, route_ptr, coef_ptr, layer, armed,
 
 
 def launch(x: torch.Tensor, positions: torch.Tensor, bank: torch.Tensor, route: torch.Tensor,
-           coef: torch.Tensor, layer: int) -> torch.Tensor:
-    # x: [T, H]; positions: [T]; bank: [S+1, H]; route: [N>=T, A, K, 3] int32; coef: [N, A, K]
-    x, positions = x.contiguous(), positions.contiguous()
+           coef: torch.Tensor) -> torch.Tensor:
+    # x: [T, H]; positions: [T]; bank: [S+1, H]; route: [N>=T, K, 3] int32; coef: [N, K] float32
+    x, positions, route, coef = (a.contiguous() for a in (x, positions, route, coef))  # no-ops here
     out = torch.empty_like(x)
     n, h = x.shape
     if n == 0:
         return out
     block = min(1024, triton.next_power_of_2(h))
-    _steer[(n, triton.cdiv(h, block))](x, out, positions, bank, route, coef, layer, route.shape[1],
-                                       H=h, K=route.shape[2], BLOCK=block, num_warps=4)
+    _steer[(n, triton.cdiv(h, block))](x, out, positions, bank, route, coef,
+                                       H=h, K=route.shape[1], BLOCK=block, num_warps=4)
     return out

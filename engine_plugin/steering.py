@@ -13,6 +13,8 @@ content updates between replays (invariant 4).
 The op reads per-token copies of the routing rows (``tok_route``/``tok_coef``, refreshed by the
 router only when the batch changes), addressed by token index, so the bank row is its only
 dependent load, and entries that are off add ``-0.0``: an unsteered token keeps its bits.
+Each armed layer holds views of its own layer's slice of these tables as buffers: graph inputs,
+so every armed layer traces to the same graph (a layer index would be a constant in it).
 """
 
 from __future__ import annotations
@@ -39,10 +41,12 @@ class SteeringTables(nn.Module):
         route     [R+1, A, K, 3]  int32         (bank row, lo, hi) per entry; request row 0 = null
         coef      [R+1, A, K]     float32       scale per entry
         tok_row   [N]             int32         request row of each token of the current step
-        tok_route [N, A, K, 3]    int32         route[tok_row]: what the op reads, by token
-        tok_coef  [N, A, K]       float32       coef[tok_row]
+        tok_route [A, N, K, 3]    int32         route[tok_row], by layer: what the op reads
+        tok_coef  [A, N, K]       float32       coef[tok_row], by layer
 
-    Request-major, so admitting requests is one ``index_copy_`` of whole rows.
+    The request tables are request-major, so admitting requests is one ``index_copy_`` of whole
+    rows; the per-token ones layer-major, so one layer's slice (:meth:`layer`) is a contiguous view.
+    N is rounded up to a multiple of 4, which keeps every such view 16-byte aligned.
     """
 
     def __init__(self, *, slots: int, hidden: int, armed: int, requests: int, entries: int,
@@ -55,9 +59,10 @@ class SteeringTables(nn.Module):
         buf("bank", slots + 1, hidden, dtype=dtype)
         buf("route", requests + 1, armed, entries, 3)
         buf("coef", requests + 1, armed, entries, dtype=torch.float32)
+        max_tokens = -(-max_tokens // 4) * 4
         buf("tok_row", max_tokens)
-        buf("tok_route", max_tokens, armed, entries, 3)
-        buf("tok_coef", max_tokens, armed, entries, dtype=torch.float32)
+        buf("tok_route", armed, max_tokens, entries, 3)
+        buf("tok_coef", armed, max_tokens, entries, dtype=torch.float32)
 
     @property
     def nbytes(self) -> int:
@@ -65,17 +70,24 @@ class SteeringTables(nn.Module):
 
     def load_tokens(self, n: int, stale: int = 0) -> None:
         """Copy the request rows named by ``tok_row[:n]`` to the per-token tables; null ``[n, stale)``."""
-        torch.index_select(self.route, 0, self.tok_row[:n], out=self.tok_route[:n])
-        torch.index_select(self.coef, 0, self.tok_row[:n], out=self.tok_coef[:n])
+        rows = self.tok_row[:n]
+        self.tok_route[:, :n].copy_(self.route.index_select(0, rows).transpose(0, 1))
+        self.tok_coef[:, :n].copy_(self.coef.index_select(0, rows).transpose(0, 1))
         if stale > n:
-            self.tok_route[n:stale].zero_()
-            self.tok_coef[n:stale].zero_()
+            self.tok_route[:, n:stale].zero_()
+            self.tok_coef[:, n:stale].zero_()
 
-    def forward(self, x: torch.Tensor, positions: torch.Tensor, i: int) -> torch.Tensor:
-        # x: [T, H] the layer's output (an addend of the stream); positions: [T] (or [3, T] for M-RoPE)
+    def layer(self, pos: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """Armed layer ``pos``'s per-token entries: views ``[N, K, 3]`` and ``[N, K]``."""
+        return self.tok_route[pos], self.tok_coef[pos]
+
+    def forward(self, x: torch.Tensor, positions: torch.Tensor, route: torch.Tensor,
+                coef: torch.Tensor) -> torch.Tensor:
+        # x: [T, H] the layer's output (an addend of the stream); positions: [T] (or [3, T] for M-RoPE);
+        # route: [N, K, 3], coef: [N, K], the layer's slice of tok_route / tok_coef
         if positions.dim() == 2:
             positions = positions[0]
-        return steer(x, positions[: x.shape[0]], self.bank, self.tok_route, self.tok_coef, i)
+        return steer(x, positions[: x.shape[0]], self.bank, route, coef)
 
 
 @dataclass(frozen=True)
@@ -130,9 +142,9 @@ def _steered_class(base: type) -> type:
             # unmaterialised in float32 and recompute it inside the next norm kernel, and an op
             # reading it would force a rounded bf16 copy, moving unsteered tokens' logprobs.
             hidden, residual = out
-            return self.hotwire(hidden, positions, self.hotwire_index), residual
+            return self.hotwire(hidden, positions, self.hotwire_route, self.hotwire_coef), residual
         if isinstance(out, torch.Tensor):
-            return self.hotwire(out, positions, self.hotwire_index)
+            return self.hotwire(out, positions, self.hotwire_route, self.hotwire_coef)
         raise TypeError(f"{base.__name__} returns {type(out).__name__}; cannot steer it")
 
     return type(f"Steered{base.__name__}", (base,), {"forward": forward, "__module__": __name__})
@@ -142,11 +154,15 @@ def arm(found: dict[int, nn.Module], armed: list[int], tables: SteeringTables) -
     """Wrap the chosen decoder layers (from :func:`decoder_layers`) in place.
 
     Layer names and parameters are unchanged; the tables become a child of each armed layer,
-    so torch.compile sees them as module buffers (graph inputs at fixed addresses).
+    so torch.compile sees them as module buffers (graph inputs at fixed addresses). The layer's
+    own slice of the per-token tables is a pair of buffers too (``hotwire_route``/``hotwire_coef``,
+    views), not an index: every armed layer then traces to the same graph, compiled once.
     """
     for pos, i in enumerate(armed):
         layer = found[i]
         layer.add_module("hotwire", tables)
-        layer.hotwire_index = pos
+        route, coef = tables.layer(pos)
+        layer.register_buffer("hotwire_route", route, persistent=False)
+        layer.register_buffer("hotwire_coef", coef, persistent=False)
         layer.__class__ = _steered_class(type(layer))
     return ArmedModel(tables, tuple(armed))

@@ -101,8 +101,8 @@ def test_route_maps_tokens_to_rows_and_clears_what_it_no_longer_uses(rig):
         """The request row each token's per-token copy matches (0 = the null row)."""
         out = []
         for t in range(6):
-            hits = [r for r in range(REQUESTS + 1) if torch.equal(tables.tok_route[t], tables.route[r])
-                    and torch.equal(tables.tok_coef[t], tables.coef[r])]
+            hits = [r for r in range(REQUESTS + 1) if torch.equal(tables.tok_route[:, t], tables.route[r])
+                    and torch.equal(tables.tok_coef[:, t], tables.coef[r])]
             out.append(0 if 0 in hits else hits[0])
         return out
 
@@ -129,8 +129,8 @@ def test_reused_row_with_the_same_token_map_is_copied_again(rig):
     assert router.active["b"].row == row
     router.commit()
     router.route(["b"], np.array([3]))
-    assert torch.equal(tables.tok_coef[:3], tables.coef[row].expand(3, -1, -1))
-    assert tables.tok_coef[:3].min() == -3.0
+    assert torch.equal(tables.tok_coef[:, :3], tables.coef[row][:, None].expand(-1, 3, -1))
+    assert tables.tok_coef[:, :3].min() == -3.0
 
 
 def test_retirement_is_acked_only_with_current_refs(rig):

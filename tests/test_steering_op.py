@@ -25,7 +25,7 @@ def test_unsteered_tokens_are_returned_bit_for_bit():
     t = _tables()
     x = torch.randn(5, H)
     x[0, :3] = torch.tensor([-0.0, 0.0, 1e-38])  # signed zeros and denormals survive too
-    out = t(x, torch.arange(5), 0)
+    out = t(x, torch.arange(5), *t.layer(0))
     assert torch.equal(out, x) and torch.equal(torch.signbit(out), torch.signbit(x))
 
 
@@ -38,7 +38,7 @@ def test_entries_add_scaled_rows_on_their_positions_only():
     t.tok_row[:6] = torch.tensor([0, 1, 1, 1, 1, 0], dtype=torch.int32)  # tokens 1-4 belong to request row 1
     t.load_tokens(6)
     x, pos = torch.randn(6, H), torch.tensor([9, 0, 1, 2, 3, 4])
-    out = t(x, pos, 0)
+    out = t(x, pos, *t.layer(0))
     want = x.clone()
     for tok in range(1, 5):
         want[tok] += 1.5 * t.bank[3]
@@ -46,7 +46,7 @@ def test_entries_add_scaled_rows_on_their_positions_only():
             want[tok] += -2.0 * t.bank[5]
     torch.testing.assert_close(out, want, rtol=0, atol=1e-6)
     assert torch.equal(out[0], x[0]) and torch.equal(out[5], x[5])
-    assert torch.equal(t(x, pos, 1), x)  # the other armed layer has no entries
+    assert torch.equal(t(x, pos, *t.layer(1)), x)  # the other armed layer has no entries
 
 
 def test_steered_request_keeps_its_bits_outside_its_window():
@@ -57,7 +57,7 @@ def test_steered_request_keeps_its_bits_outside_its_window():
     t.load_tokens(4)
     x = torch.randn(4, H).to(torch.bfloat16)
     x[0, :2] = torch.tensor([-0.0, 0.0])
-    out = t.to(torch.bfloat16)(x, torch.arange(4), 0)
+    out = t.to(torch.bfloat16)(x, torch.arange(4), *t.layer(0))
     assert torch.equal(out.view(torch.int16), x.view(torch.int16))  # every bit, signed zeros included
 
 
@@ -68,10 +68,10 @@ def test_load_tokens_nulls_the_stale_tail():
     t.tok_row[:4] = 1
     t.load_tokens(4)
     x = torch.randn(4, H)
-    assert not torch.equal(t(x, torch.arange(4), 0)[3], x[3])
+    assert not torch.equal(t(x, torch.arange(4), *t.layer(0))[3], x[3])
     t.load_tokens(2, stale=4)  # the batch shrank to two tokens
-    assert torch.equal(t(x, torch.arange(4), 0)[2:], x[2:])
-    assert t.tok_route[2:4].abs().sum() == 0 and t.tok_coef[2:4].abs().sum() == 0
+    assert torch.equal(t(x, torch.arange(4), *t.layer(0))[2:], x[2:])
+    assert t.tok_route[:, 2:4].abs().sum() == 0 and t.tok_coef[:, 2:4].abs().sum() == 0
 
 
 def test_mrope_positions_use_the_first_row():
@@ -81,7 +81,7 @@ def test_mrope_positions_use_the_first_row():
     t.tok_row[:2] = 1
     t.load_tokens(2)
     x = torch.zeros(2, H)
-    out = t(x, torch.tensor([[3, 4], [0, 0], [0, 0]]), 0)
+    out = t(x, torch.tensor([[3, 4], [0, 0], [0, 0]]), *t.layer(0))
     assert torch.equal(out[0], t.bank[2]) and torch.equal(out[1], x[1])
 
 
@@ -158,6 +158,25 @@ def test_steered_layer_compiles_without_graph_breaks():
     assert explain.graph_break_count == 0 and explain.graph_count == 1
 
 
+def test_armed_layers_trace_to_one_graph():
+    # vLLM compiles each piece of the model between attention ops; pieces that trace to the same
+    # graph share one inductor compile. A layer index baked into the graph would make every
+    # armed layer's piece unique (and start-up grow with the layers armed).
+    model = Model(3)
+    arm(decoder_layers(model), [0, 2], _tables(armed=2))
+    codes = []
+
+    def backend(gm, example_inputs):
+        codes.append(gm.code)
+        return gm
+
+    for i in (0, 2):
+        torch._dynamo.reset()
+        torch.compile(model.layers[i], backend=backend, fullgraph=True)(torch.arange(4), torch.randn(4, H), None)
+    assert len(codes) == 2 and "hotwire.steer" in codes[0]
+    assert codes[0] == codes[1]
+
+
 def _random_tables(n, h, dtype, device, armed=3, entries=4, slots=6, seed=0):
     """Random bank and routing for ``n`` tokens; about half the entries are on, a fifth of tokens none."""
     g = torch.Generator().manual_seed(seed)
@@ -180,9 +199,9 @@ def _random_tables(n, h, dtype, device, armed=3, entries=4, slots=6, seed=0):
 
 def test_op_registration_is_consistent_with_its_fake():
     x, pos, bank, route, coef = _random_tables(9, H, torch.float32, "cpu")
-    torch.library.opcheck(torch.ops.hotwire.steer.default, (x, pos, bank, route, coef, 1))
-    assert torch.equal(torch.ops.hotwire.steer(x, pos, bank, route, coef, 1),
-                       reference(x, pos, bank, route, coef, 1))
+    args = (x, pos, bank, route[:, 1].contiguous(), coef[:, 1].contiguous())
+    torch.library.opcheck(torch.ops.hotwire.steer.default, args)
+    assert torch.equal(torch.ops.hotwire.steer(*args), reference(*args))
 
 
 @pytest.mark.gpu
@@ -192,14 +211,15 @@ def test_triton_kernel_matches_the_reference(n, h, dtype):
     args = _random_tables(n, h, dtype, "cuda", seed=n)
     x, pos, _, route, _ = args
     for layer in range(route.shape[1]):
-        got = torch.ops.hotwire.steer(*args, layer)
-        want = reference(*[a.cpu() for a in args], layer)
+        at = [*args[:3], args[3][:, layer].contiguous(), args[4][:, layer].contiguous()]
+        got = torch.ops.hotwire.steer(*at)
+        want = reference(*[a.cpu() for a in at])
         off = ~((pos[:, None] >= route[:, layer, :, 1]) & (pos[:, None] < route[:, layer, :, 2])).any(1)
         assert (off.any() or n == 1) and not off.all()
         # tokens with no entry on: every bit of x, signed zeros included
         assert torch.equal(got[off].cpu().view(torch.uint8), x[off].cpu().view(torch.uint8))
         torch.testing.assert_close(got.cpu(), want, rtol=1e-2 if dtype != torch.float32 else 1e-5, atol=1e-2)
-    torch.library.opcheck(torch.ops.hotwire.steer.default, (*args, 0))
+        torch.library.opcheck(torch.ops.hotwire.steer.default, tuple(at))
 
 
 @pytest.mark.parametrize("spec,want", [("all", [0, 1, 2, 3]), ("1,3", [1, 3]), ("0-2", [0, 1, 2]),
