@@ -383,11 +383,15 @@ def _markdown(rows: list[dict], diffs: list[dict], prefill: list[dict], conds: l
 
 
 def _report(path: Path, top: int) -> None:
-    """Summaries and tables from a results file's samples (also one cut short by a time-out)."""
+    """Summaries and tables from a results file's samples (also one cut short by a time-out,
+    whose file then gets the summaries a finished run writes)."""
     result = json.loads(path.read_text())
     samples = {c: runs for c, runs in result["samples"].items() if runs}
     rows, diffs = _summary(samples, result["batches"], top)
     prefill = _prefill_summary(samples, result.get("prefill_lens", []))
+    if "rows" not in result:
+        result.update(rows=rows, prefill=prefill, top_kernels=diffs)
+        path.write_text(json.dumps(result, indent=1))
     print(f"{result['shape']}, {result.get('info')}, S={result['decode_steps']} steps\n")
     print(_markdown(rows, diffs, prefill, list(samples)))
 

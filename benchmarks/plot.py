@@ -1,4 +1,4 @@
-"""Step time vs batch size, plugin-free / idle / steered / eager, from kernel_time.py results.
+"""Step time vs batch size, plugin-free / idle / steered / two armed layers / eager, from kernel_time.py results.
 
 One panel per model shape (one results file each); kernel time per decode step on a log scale,
 so the eager line (what hook-based steering pays) fits beside the three that should coincide.
@@ -14,7 +14,8 @@ import json
 from pathlib import Path
 
 STYLE = {"plugin_free": ("plugin-free", "k", "o"), "idle": ("hotwire idle", "tab:blue", "s"),
-         "steered": ("hotwire all steered", "tab:green", "^"), "eager": ("eager, steered", "tab:red", "x")}
+         "steered": ("hotwire all steered", "tab:green", "^"),
+         "idle_2": ("hotwire idle, 2 layers armed", "tab:purple", "d"), "eager": ("eager, steered", "tab:red", "x")}
 
 
 def main() -> None:

@@ -96,7 +96,10 @@ def runs(request, tmp_path_factory, model, vectors_dir):
 
     def run(plugin: bool):
         tmp = tmp_path_factory.mktemp(f"{request.param}-{'steered' if plugin else 'plugin-free'}")
-        env = engine_env(tmp, HOTWIRE_VECTORS=str(vectors_dir), VLLM_USE_V2_MODEL_RUNNER=flag)
+        # no on-device benchmarking of kernel configs: the two engines start side by side and must
+        # make the same choices (tests/test_e2e_serve.py, ``TORCHINDUCTOR_DETERMINISTIC``)
+        env = engine_env(tmp, HOTWIRE_VECTORS=str(vectors_dir), VLLM_USE_V2_MODEL_RUNNER=flag,
+                         TORCHINDUCTOR_DETERMINISTIC="1")
         res = run_engine(tmp, {**job, "plugin": plugin}, env, timeout=580)
         return dict(zip(ROUNDS, res["rounds"])), res
 
