@@ -100,18 +100,19 @@ def _diff_text(d: dict) -> str:
             f"logprobs only in {d['logprobs_only_differ']} (max |diff| {d['max_logprob_diff']:.2g})")
 
 
-def _graphs(armed: list[dict], free: list[dict], eager: bool) -> dict:
+def _graphs(armed: list[dict], free: list[dict], no_graphs: bool) -> dict:
     """CUDA-graph captures and dynamo compiles, after warm-up, the round and the timing rounds.
 
     Passes when the armed engine counts exactly what the plugin-free engine counts at every
     point (vLLM may compile a shape range lazily, with or without the plugin) and never
-    captures again after start; with graphs on, it must have captured some.
+    captures again after start; with graphs on (not ``no_graphs``: eager, or CPU), it must have
+    captured some.
     """
     captures = armed[0]["captures"]
     unchanged = all(c["captures"] == captures for c in armed)
     same = armed == free
     return {"captures": captures, "unchanged": unchanged, "compiles": [c["compiles"] for c in armed],
-            "equal_plugin_free": same, "ok": same and unchanged and (eager or captures > 0)}
+            "equal_plugin_free": same, "ok": same and unchanged and (no_graphs or captures > 0)}
 
 
 def run(args: argparse.Namespace) -> int:
@@ -154,7 +155,7 @@ def run(args: argparse.Namespace) -> int:
     fires = got[0]["tokens"] != want[0]["tokens"]
     exact = all(g == w for g, w in zip(got[1:], want[1:]))
     diff = differences(got[1:] if is_armed else got, want[1:] if is_armed else want)
-    graphs = _graphs(armed["graph_counts"], free["graph_counts"], engine["enforce_eager"])
+    graphs = _graphs(armed["graph_counts"], free["graph_counts"], engine["enforce_eager"] or not gpu)
     ms = {"plugin_free": statistics.median(free["timing"]["idle_ms"]),
           **{k.removesuffix("_ms"): statistics.median(v) for k, v in armed["timing"].items()}}
     if is_armed:
@@ -170,7 +171,7 @@ def run(args: argparse.Namespace) -> int:
         "layers": n_layers, "hidden": hidden,
         "device": torch.cuda.get_device_name(0) if gpu else platform.processor() or "cpu",
         "versions": {"vllm": vllm.__version__, "torch": torch.__version__, "python": platform.python_version()},
-        "mode": "eager" if engine["enforce_eager"] else "torch.compile + CUDA graphs",
+        "mode": "eager" if engine["enforce_eager"] else "torch.compile + CUDA graphs" if gpu else "torch.compile",
         "quantization": args.quantization, "attention_backend": args.attention_backend,
         "plugin_loaded": loaded, "armed": is_armed, "armed_layers": len(armed["armed"]),
         "fires": fires if is_armed else None, "batchmates_exact": exact, "all_exact": got == want, "diff": diff,
@@ -196,7 +197,7 @@ def _text(r: dict, batch: int, cpu: bool) -> str:
         steering = "n/a (not armed)"
         mates = (f"all {batch} requests bit-identical to a plugin-free run" if r["all_exact"]
                  else _diff_text(r["diff"]))
-    if r["mode"] == "eager":
+    if r["mode"] != "torch.compile + CUDA graphs":
         graphs = f"none ({'CPU' if cpu else '--eager'}: no CUDA graphs)"
     else:
         graphs = (f"{g['captures']} CUDA graphs captured at start, "
