@@ -71,8 +71,8 @@ PROCESSES = {  # process kind: (plugin loaded, enforce_eager, conditions measure
     "hotwire_2": (True, False, ("idle_2", "steered_2")),  # armed on the two steered layers only
     "eager": (True, True, ("eager",)),
 }
-STEERED = {"plugin_free": False, "idle": False, "steered": True, "idle_2": False, "steered_2": True, "eager": True}
 PAIRS = (("idle", "steered"), ("idle_2", "steered_2"))  # (idle, steered) conditions of one engine
+STEERED = {steered for _, steered in PAIRS} | {"eager"}  # conditions whose requests are steered
 
 
 # ---------------------------------------------------------------- child: one engine, its conditions
@@ -121,9 +121,9 @@ def _child(job_path: str, out: Path) -> None:
         for j in range(b):  # every request its own two vectors and scales
             spec = [{"id": f"v{j % N_VECTORS}", "layer": l1, "scale": 1.0 + j / b},
                     {"id": f"v{(j + 1) % N_VECTORS}", "layer": l2, "scale": -0.5 - j / b}]
-            extra = {"hotwire": json.dumps(spec)} if STEERED[cond] else None
+            extra = {"hotwire": json.dumps(spec)} if cond in STEERED else None
             params.append(SamplingParams(max_tokens=n, temperature=0.0, ignore_eos=True, extra_args=extra))
-        sent["steered"] += b if STEERED[cond] else 0
+        sent["steered"] += b if cond in STEERED else 0
         return lambda: llm.generate(prompts, params, use_tqdm=False)
 
     def wall(run) -> float:
