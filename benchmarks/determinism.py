@@ -5,7 +5,9 @@ comparison only means something where vLLM is itself deterministic from process 
 inductor autotunes some kernels by timing (a persistent norm reduction over fewer than 256
 elements tries several block shapes), and two processes may pick different reduction orders.
 This runs the batch of ``hotwire verify`` through two plugin-free engines, each compiling cold
-in its own cache, and reports how they differ.
+in its own cache, and reports how they differ. Inductor settings from the environment
+(``TORCHINDUCTOR_FORCE_FILTER_REDUCTION_CONFIGS=1``: one reduction config chosen by rule) reach both
+engines and are recorded.
 
     python3 benchmarks/determinism.py --model DIR --dummy [--engine-args JSON] [--out FILE]
 
@@ -46,7 +48,8 @@ def main() -> int:
         runs.append(out["rounds"][0])
     diff = differences(runs[1], runs[0])
     same = runs[0] == runs[1]
-    report = {"model": args.model, "engine": engine, "identical": same, "diff": diff}
+    knobs = {k: v for k, v in os.environ.items() if k.startswith(("TORCHINDUCTOR_", "VLLM_"))}
+    report = {"model": args.model, "engine": engine, "env": knobs, "identical": same, "diff": diff}
     print(json.dumps(report, indent=1))
     if args.out:
         args.out.write_text(json.dumps(report, indent=1))

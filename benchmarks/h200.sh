@@ -33,9 +33,13 @@ case $stage in
       --basetemp /tmp/pt-e2e -p no:cacheprovider -rA
     # control: two plugin-free engines on the e2e model (hidden 128), each compiling cold
     python3 -c "from hotwire.engine_plugin.tiny_model import build_tiny; build_tiny('/tmp/hw-tiny')"
+    ea='{"dtype": "bfloat16", "attention_backend": "TRITON_ATTN", "gpu_memory_utilization": 0.05,
+         "kv_cache_memory_bytes": 536870912}'
     job determinism python3 benchmarks/determinism.py --model /tmp/hw-tiny --out "$out/determinism-tiny.json" \
-      --engine-args '{"dtype": "bfloat16", "attention_backend": "TRITON_ATTN", "gpu_memory_utilization": 0.05,
-                      "kv_cache_memory_bytes": 536870912}'
+      --engine-args "$ea"
+    # the same with reduction configs chosen by rule, as the GPU tests run their engines
+    job determinism-filtered env TORCHINDUCTOR_FORCE_FILTER_REDUCTION_CONFIGS=1 python3 benchmarks/determinism.py \
+      --model /tmp/hw-tiny --out "$out/determinism-tiny-filtered.json" --engine-args "$ea"
     ;;
   matrix)
     job arch python3 benchmarks/arch_matrix.py --jobs 12 --timeout 500 --out "$out/arch-matrix"

@@ -31,7 +31,8 @@ How:
   running every server once; the server order rotates from round to round (A B, B A, ...) so drift
   within a round does not always favour the same server.
 * Checks (a benchmark that silently stops steering must fail): every response is 200 with
-  ``usage.completion_tokens == max_tokens``; after every round each hotwire server's mailbox
+  ``usage.completion_tokens == max_tokens`` (a dropped connection is re-sent up to twice and
+  counted per round as ``resent``; a failed round prints every server's log tail); after every round each hotwire server's mailbox
   counters show the steered requests of that round counted and no ``unsteered_*`` refusal.
 
 The JSON (``--out``) is rewritten after every round, so a time-out keeps what was measured.
@@ -204,13 +205,24 @@ async def _round(url: str, bodies: list[dict], concurrency: int) -> dict:
     """Send ``bodies`` with exactly ``concurrency`` in flight (closed loop); tokens/s and latencies."""
     pending = iter(bodies)
     latencies: list[float] = []
-    tokens = 0
+    tokens = resent = 0
+
+    async def post(client: httpx.AsyncClient, body: dict) -> httpx.Response:
+        """A connection the server dropped is re-sent, up to twice, and counted (``resent``)."""
+        nonlocal resent
+        for attempt in range(3):
+            try:
+                return await client.post("/v1/completions", json=body)
+            except httpx.TransportError:
+                if attempt == 2:
+                    raise
+                resent += 1
 
     async def client_loop(client: httpx.AsyncClient) -> None:
         nonlocal tokens
         for body in pending:  # shared iterator: each loop takes the next body when its last one is done
             t = time.perf_counter()
-            r = await client.post("/v1/completions", json=body)
+            r = await post(client, body)
             latencies.append(time.perf_counter() - t)
             if r.status_code != 200:
                 raise RuntimeError(f"{url}: HTTP {r.status_code}: {r.text[:2000]}")
@@ -227,7 +239,7 @@ async def _round(url: str, bodies: list[dict], concurrency: int) -> dict:
     q = np.quantile(latencies, [0.5, 0.9])
     return {"tokens_per_s": round(tokens / wall, 1), "wall_s": round(wall, 3), "requests": len(bodies),
             "completion_tokens": tokens, "latency_p50_s": round(float(q[0]), 4),
-            "latency_p90_s": round(float(q[1]), 4)}
+            "latency_p90_s": round(float(q[1]), 4), "resent": resent}
 
 
 def _measure(server: Server, bodies: list[dict], concurrency: int, steered_sent: dict[str, int]) -> dict:
@@ -381,8 +393,15 @@ def main() -> None:
                 tps = {x["server"]: x["tokens_per_s"] for x in result["samples"][-len(servers):]}
                 cells = [f"{n} {tps[n]:.0f}" for n in names] + \
                         [f"{n}/plugin_free {tps[n] / tps['plugin_free']:.4f}" for n in names[1:]]
-                print(f"C={c} round {r}: tok/s {', '.join(cells)} ({time.monotonic() - t:.0f} s)", flush=True)
+                resent = sum(x["resent"] for x in result["samples"][-len(servers):])
+                print(f"C={c} round {r}: tok/s {', '.join(cells)} ({time.monotonic() - t:.0f} s)"
+                      + (f", {resent} requests re-sent" if resent else ""), flush=True)
             result["phases_s"][f"c{c}_rounds"] = round(time.monotonic() - t_rounds, 1)
+    except BaseException:
+        for s in (s for s in servers if s.proc is not None):  # why it failed is in a server's log
+            print(s.died() or f"--- {s.name} (running), log tail:\n" + s.log.read_text(errors="replace")[-4000:],
+                  flush=True)
+        raise
     finally:
         _stop(servers)
     result["phases_s"]["total"] = round(time.monotonic() - t0, 1)
