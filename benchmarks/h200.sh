@@ -7,7 +7,8 @@
 #   bash benchmarks/h200.sh matrix OUTDIR   # verified-architectures matrix
 #   bash benchmarks/h200.sh perf   OUTDIR [SHAPE...]  # kernel time per decode step / prefill: plugin-free,
 #                                           # armed on all layers, armed on two (0.6B: + eager)
-#   bash benchmarks/h200.sh serve  OUTDIR   # host work per step; served tokens/s, hotwire vs plugin-free
+#   bash benchmarks/h200.sh serve  OUTDIR [C...]  # host work per step; served tokens/s at C in flight
+#                                           # (default 64; 256 in a call of its own): plugin-free, all armed, two armed
 #
 # On a two-GPU box two stages run at once, one per GPU, e.g.
 #   CUDA_VISIBLE_DEVICES=0 bash benchmarks/h200.sh checks OUT & CUDA_VISIBLE_DEVICES=1 bash benchmarks/h200.sh matrix OUT
@@ -55,13 +56,21 @@ case $stage in
       wait
     done
     ;;
-  serve)
-    job host python3 benchmarks/host_overhead.py --repeat 400 --out "$out/host-overhead.json"
+  serve)  # serve OUTDIR [CONCURRENCY...]: host work, then one served run per concurrency (default 64),
+          # each with its own three servers (plugin-free, all layers armed, two armed), ~4-6 min
+    shift 2
+    job host python3 benchmarks/host_overhead.py --repeat 300 --out "$out/host-overhead.json"
     wait
-    # long rounds: at 2 requests per client a round took 1.3-1.8 s, and that measured the host
-    job serve python3 benchmarks/serve_throughput.py --shape qwen3-0.6b --requests-per-client 8 --rounds 4 \
-      --out "$out/serve-qwen3-0.6b.json"
+    for c in "${@:-64}"; do
+      # long rounds: at 2 requests per client a round took 1.3-1.8 s, and that measured the host;
+      # at 256 in flight a server round takes ~40 s at 8 per client
+      per=8 rounds=6
+      [ "$c" -ge 256 ] && per=4 rounds=3
+      job "serve-c$c" python3 benchmarks/serve_throughput.py --shape qwen3-0.6b --concurrency "$c" \
+        --requests-per-client $per --rounds $rounds --out "$out/serve-qwen3-0.6b-c$c.json"
+      wait
+    done
     ;;
-  *) echo "usage: $0 checks|matrix|perf|serve OUTDIR" >&2; exit 2 ;;
+  *) echo "usage: $0 checks|matrix|perf|serve OUTDIR [ARGS...]" >&2; exit 2 ;;
 esac
 wait
