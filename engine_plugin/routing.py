@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
+from itertools import repeat
 from typing import Any
 
 import numpy as np
@@ -39,6 +40,7 @@ class Router:
         self._dirty = False  # a request arrived or left since the last route()
         self._rows_written = False  # commit() changed request rows since the last per-token copy
         self.active: dict[str, _Steered] = {}
+        self._row_of: dict[str, int] = {}  # active[r].row, looked up per step without Python calls
         self._free = list(range(requests, 0, -1))  # request row 0 is the null row
         self._staged: list[tuple[int, np.ndarray, np.ndarray]] = []
         self._tok = np.zeros(0, dtype=np.int32)  # tok_row content on the device, up to its length
@@ -62,6 +64,7 @@ class Router:
             return
         row = self._free.pop()
         self.active[req_id] = _Steered(row, slots)
+        self._row_of[req_id] = row
         self._dirty = True
         self.registry.hold(slots)
         self._staged.append((row, route, coef))
@@ -71,6 +74,7 @@ class Router:
         for req_id in req_ids:
             st = self.active.pop(req_id, None)
             if st is not None:
+                del self._row_of[req_id]
                 self.registry.release(st.slots)
                 self._free.append(st.row)
                 self._dirty = True
@@ -121,8 +125,7 @@ class Router:
             return
         self._ids, self._counts, self._dirty = list(req_ids), np.array(num_tokens), False
         if self.active:
-            get = self.active.get
-            rows = np.fromiter(((s.row if (s := get(r)) else 0) for r in req_ids), np.int32, len(req_ids))
+            rows = np.fromiter(map(self._row_of.get, req_ids, repeat(0)), np.int32, len(req_ids))
             tok = np.repeat(rows, num_tokens) if rows.any() else self._tok[:0]
         else:
             tok = self._tok[:0]
