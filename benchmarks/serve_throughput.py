@@ -29,7 +29,9 @@ How:
   identical bodies (a plugin-free server ignores the spec). A closed loop keeps exactly C
   requests in flight (asyncio + httpx) until C x ``--requests-per-client`` have completed.
   Output tokens/s = completion tokens / round wall time; per-request latency p50 beside it.
-* Order: per concurrency, a warm-up wave (C requests) per server, then ``--rounds`` rounds, each
+* Order: per concurrency, a warm-up round per server (as many requests as a measured round: in
+  the H200 runs one wave of C was not enough, the first measured rounds still ran slower), then
+  ``--rounds`` rounds, each
   running every server once; the server order rotates from round to round (A B, B A, ...) so drift
   within a round does not always favour the same server.
 * Checks (a benchmark that silently stops steering must fail): every response is 200 with
@@ -387,7 +389,7 @@ def main() -> None:
         for c in concurrency:
             n = c * args.requests_per_client
             t = time.monotonic()
-            warm = _bodies(c, 10_000 + c, shape, args.steered_fraction, prompt_len, max_tokens)  # one wave
+            warm = _bodies(n, 10_000 + c, shape, args.steered_fraction, prompt_len, max_tokens)
             for s in servers:
                 row = _measure(s, warm, c, steered_sent)
                 print(f"C={c} warm-up {s.name}: {row['tokens_per_s']:.0f} tok/s", flush=True)
