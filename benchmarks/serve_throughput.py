@@ -31,13 +31,13 @@ How:
   Output tokens/s = completion tokens / round wall time; per-request latency p50 beside it.
 * Order: per concurrency, a warm-up round per server (as many requests as a measured round: in
   the H200 runs one wave of C was not enough, the first measured rounds still ran slower), then
-  ``--rounds`` rounds, each
-  running every server once; the server order rotates from round to round (A B, B A, ...) so drift
-  within a round does not always favour the same server.
+  ``--rounds`` rounds, each running every server once; the server order rotates from round to
+  round (A B, B A, ...) so drift within a round does not always favour the same server.
 * Checks (a benchmark that silently stops steering must fail): every response is 200 with
   ``usage.completion_tokens == max_tokens`` (a dropped connection is re-sent up to twice and
-  counted per round as ``resent``; a failed round prints every server's log tail); after every round each hotwire server's mailbox
-  counters show the steered requests of that round counted and no ``unsteered_*`` refusal.
+  counted per round as ``resent``; a failed round prints every server's log tail); after every
+  round each hotwire server's mailbox counters show the steered requests of that round counted and
+  no ``unsteered_*`` refusal.
 
 The JSON (``--out``) is rewritten after every round, so a time-out keeps what was measured.
 Run time: start-up (the servers in parallel) plus, per concurrency, 1 + ``--rounds`` rounds of
