@@ -4,9 +4,10 @@ Why: the served target is output tokens/s with hotwire loaded and 50 % of the re
 >= 0.99 x the plugin-free server, at 64 and 256 concurrent requests; a server armed only on the
 two layers the requests steer splits the cost of arming every layer (one kernel per armed layer
 per step) from the rest, and an eager-mode hotwire server gives the contrast (``--enforce-eager``:
-no torch.compile, no CUDA graphs, what hook-based steering pays). Separate server processes on the lent H200 differ by up to 30 %
-from one start to the next, so every figure here is taken side by side in one run, and the
-ratios are medians of per-round ratios of servers measured back to back.
+no torch.compile, no CUDA graphs, what hook-based steering pays). Separate server processes on
+the lent H200 differ by up to 30 % from one start to the next, so every figure here is taken side
+by side in one run, and the ratios are medians of per-round ratios of servers measured back to
+back.
 
 How:
 * Servers: ``python -m vllm.entrypoints.openai.api_server`` subprocesses, each in its own
