@@ -142,8 +142,11 @@ def run(args: argparse.Namespace) -> int:
     spec = {"id": "verify", "layer": n_layers - 1, "scale": args.scale}
     batch = probe_batch(vocab, args.batch, spec)
     # A private vLLM cache: both engines compile cold, so their compile counts compare (an engine
-    # loading an earlier run's compiled artifact would count none).
-    env = {**os.environ, "HOTWIRE_VECTORS": str(work / "vectors"), "HOTWIRE_MAILBOX": str(work / "engine.mbx"),
+    # loading an earlier run's compiled artifact would count none). Reduction configs chosen by rule,
+    # not by timing at first use: two plugin-free engines that time them may already differ by a
+    # rounding step (benchmarks/determinism.py), which would read as the plugin's doing.
+    env = {"TORCHINDUCTOR_FORCE_FILTER_REDUCTION_CONFIGS": "1", **os.environ,
+           "HOTWIRE_VECTORS": str(work / "vectors"), "HOTWIRE_MAILBOX": str(work / "engine.mbx"),
            "VLLM_CACHE_ROOT": str(work / "vllm-cache"), "VLLM_ENABLE_V1_MULTIPROCESSING": "0"}
     job = {"model": str(model_dir), "engine": engine, "rounds": [batch], "graph_counts": True,
            "timing": {"batch": args.batch, "steps": args.timing_steps, "rounds": 3, "vocab": vocab, "spec": spec}}
