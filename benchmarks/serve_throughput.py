@@ -69,9 +69,9 @@ import socket
 import statistics
 import subprocess
 import sys
-from concurrent.futures import ProcessPoolExecutor
 import tempfile
 import time
+from concurrent.futures import ProcessPoolExecutor
 from importlib.metadata import version
 from pathlib import Path
 

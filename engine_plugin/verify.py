@@ -28,6 +28,10 @@ from pathlib import Path
 import numpy as np
 
 NOT_ARMED = 3
+# Reduction configs chosen by rule, not by timing at first use: two plugin-free engines that time
+# them may already differ by a rounding step (benchmarks/determinism.py), which a comparison of a
+# hotwire engine with a plugin-free one would read as the plugin's doing.
+STABLE_INDUCTOR = {"TORCHINDUCTOR_FORCE_FILTER_REDUCTION_CONFIGS": "1"}
 
 
 def configure(parser: argparse.ArgumentParser) -> None:
@@ -142,10 +146,9 @@ def run(args: argparse.Namespace) -> int:
     spec = {"id": "verify", "layer": n_layers - 1, "scale": args.scale}
     batch = probe_batch(vocab, args.batch, spec)
     # A private vLLM cache: both engines compile cold, so their compile counts compare (an engine
-    # loading an earlier run's compiled artifact would count none). Reduction configs chosen by rule,
-    # not by timing at first use: two plugin-free engines that time them may already differ by a
-    # rounding step (benchmarks/determinism.py), which would read as the plugin's doing.
-    env = {"TORCHINDUCTOR_FORCE_FILTER_REDUCTION_CONFIGS": "1", **os.environ,
+    # loading an earlier run's compiled artifact would count none). The environment may override
+    # STABLE_INDUCTOR.
+    env = {**STABLE_INDUCTOR, **os.environ,
            "HOTWIRE_VECTORS": str(work / "vectors"), "HOTWIRE_MAILBOX": str(work / "engine.mbx"),
            "VLLM_CACHE_ROOT": str(work / "vllm-cache"), "VLLM_ENABLE_V1_MULTIPROCESSING": "0"}
     job = {"model": str(model_dir), "engine": engine, "rounds": [batch], "graph_counts": True,

@@ -34,6 +34,7 @@ import pytest
 
 from conftest import CPU_ENGINE, HIDDEN, LAYERS, requires_vllm
 from control_harness import json_body, safetensors_blob
+from hotwire.engine_plugin.verify import STABLE_INDUCTOR
 from hotwire.shared.wire import encode_safetensors
 from servers import ControlApi, VllmServer, logs_on_failure, wait_for
 
@@ -44,19 +45,20 @@ pytestmark = [requires_vllm, pytest.mark.vllm, pytest.mark.slow]
 # the attention backend the offline H200 bundle carries), with ``VLLM_BATCH_INVARIANT=1`` so that a
 # request in flight and the same request alone may be compared (GPU kernels are not batch-invariant
 # by default; CPU ones are). Fixed KV budgets let servers start side by side.
-# ``TORCHINDUCTOR_FORCE_FILTER_REDUCTION_CONFIGS=1``: inductor picks a reduction kernel's config
-# (block shape, persistent or looped: its summation order) by timing the candidates on the device at
-# first use, so two engines compiling cold can pick differently and differ by a rounding step, with
-# or without the plugin (``benchmarks/determinism.py``: two plugin-free engines on the H200 differed
-# by 1.5e-2 in a logprob). This inductor setting keeps one candidate, chosen by rule, so the servers
-# compared choose alike. (``TORCHINDUCTOR_DETERMINISTIC=1`` does that too but also forbids other
-# on-device timing, and vLLM's batch-invariant kernels then fail to compile.)
+# ``STABLE_INDUCTOR`` (``TORCHINDUCTOR_FORCE_FILTER_REDUCTION_CONFIGS=1``): inductor picks a
+# reduction kernel's config (block shape, persistent or looped: its summation order) by timing the
+# candidates on the device at first use, so two engines compiling cold can pick differently and
+# differ by a rounding step, with or without the plugin (``benchmarks/determinism.py``: two
+# plugin-free engines on the H200 differed by 1.5e-2 in a logprob). This setting keeps one
+# candidate, chosen by rule, so the servers compared choose alike. (``TORCHINDUCTOR_DETERMINISTIC=1``
+# does that too but also forbids other on-device timing, and vLLM's batch-invariant kernels then
+# fail to compile.)
 GPU = os.environ.get("HOTWIRE_E2E_GPU") == "1"
 GPU_ENGINE = dict(dtype="bfloat16", attention_backend="TRITON_ATTN", gpu_memory_utilization=0.05,
                   kv_cache_memory_bytes=512 * 2**20, max_model_len=512, max_num_seqs=16,
                   max_num_batched_tokens=64, enable_prefix_caching=True, seed=0)
 ENGINE = GPU_ENGINE if GPU else CPU_ENGINE
-ENGINE_ENV = {"TORCHINDUCTOR_FORCE_FILTER_REDUCTION_CONFIGS": "1"} if GPU else {}
+ENGINE_ENV = STABLE_INDUCTOR if GPU else {}
 TOKEN = "e2e-secret"
 MAX_UPLOAD = 64 * 1024
 LAYER, SCALE = 2, 0.25

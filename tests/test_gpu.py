@@ -13,6 +13,7 @@ import numpy as np
 import pytest
 
 from conftest import engine_env, run_engine
+from hotwire.engine_plugin.verify import STABLE_INDUCTOR
 
 pytestmark = pytest.mark.gpu
 
@@ -97,9 +98,8 @@ def runs(request, tmp_path_factory, model, vectors_dir):
     def run(plugin: bool):
         tmp = tmp_path_factory.mktemp(f"{request.param}-{'steered' if plugin else 'plugin-free'}")
         # reduction configs chosen by rule, not by timing: the two engines start side by side and
-        # must make the same choices (tests/test_e2e_serve.py, ``FORCE_FILTER_REDUCTION_CONFIGS``)
-        env = engine_env(tmp, HOTWIRE_VECTORS=str(vectors_dir), VLLM_USE_V2_MODEL_RUNNER=flag,
-                         TORCHINDUCTOR_FORCE_FILTER_REDUCTION_CONFIGS="1")
+        # must make the same choices (tests/test_e2e_serve.py)
+        env = engine_env(tmp, HOTWIRE_VECTORS=str(vectors_dir), VLLM_USE_V2_MODEL_RUNNER=flag, **STABLE_INDUCTOR)
         res = run_engine(tmp, {**job, "plugin": plugin}, env, timeout=580)
         return dict(zip(ROUNDS, res["rounds"])), res
 
