@@ -26,6 +26,8 @@ from pathlib import Path
 
 import numpy as np
 
+from hotwire.engine_plugin.tiny_model import QWEN3_SHAPES, steered_layers, write_config
+
 N_VECTORS = 256
 
 
@@ -59,7 +61,7 @@ def _step_time(llm, batch: int, steered: bool, n1: int, n2: int, n_layers: int) 
 
     rng = np.random.default_rng(batch)
     prompts = [{"prompt_token_ids": rng.integers(100, 150000, 32).tolist()} for _ in range(batch)]
-    l1, l2 = n_layers // 3, (2 * n_layers) // 3
+    l1, l2 = steered_layers(n_layers)
 
     def params(n):
         out = []
@@ -95,7 +97,6 @@ def main() -> None:
     import torch
     import vllm
 
-    from hotwire.engine_plugin.tiny_model import QWEN3_SHAPES, write_config
 
     # Each engine core must start as a fresh process: a forked one would inherit the parent's
     # "plugins already loaded" state (and with it, whichever VLLM_PLUGINS was set first).

@@ -64,6 +64,8 @@ from pathlib import Path
 
 import numpy as np
 
+from hotwire.engine_plugin.tiny_model import benchmark_model, steered_layers
+
 PROMPT_LEN, N1, N_VECTORS = 32, 8, 256
 PROCESSES = {  # process kind: (plugin loaded, enforce_eager, conditions measured in it)
     "plugin_free": (False, False, ("plugin_free",)),
@@ -111,7 +113,7 @@ def _child(job_path: str, out: Path) -> None:
     waited_s = time.perf_counter() - t0
 
     device, activity = (DeviceType.CPU, ProfilerActivity.CPU) if smoke else (DeviceType.CUDA, ProfilerActivity.CUDA)
-    l1, l2 = _steered_layers(n_layers)
+    l1, l2 = steered_layers(n_layers)
     sent = {"steered": 0}
 
     def call(b: int, n: int, cond: str, prompt_len: int = PROMPT_LEN):
@@ -205,10 +207,6 @@ def _child(job_path: str, out: Path) -> None:
                                "counters": counters, "rows": rows, "prefill": prefill}))
 
 
-def _steered_layers(n_layers: int) -> tuple[int, int]:
-    return n_layers // 3, (2 * n_layers) // 3
-
-
 # ---------------------------------------------------------------- parent: alternate, summarise
 def _vectors(path: Path, hidden: int) -> None:
     from hotwire.shared.wire import encode_safetensors
@@ -228,7 +226,7 @@ def _run_child(work: Path, tag: str, process: str, common: dict) -> dict:
     if not PROCESSES[process][0]:
         env["VLLM_PLUGINS"] = "none"  # vLLM loads no general plugin: a plugin-free engine
     if process == "hotwire_2":
-        env["HOTWIRE_LAYERS"] = ",".join(map(str, _steered_layers(common["layers"])))
+        env["HOTWIRE_LAYERS"] = ",".join(map(str, steered_layers(common["layers"])))
     t = time.time()
     with open(log, "w") as f:
         cmd = [sys.executable, __file__, "--child", str(job), "--out", str(out)]
@@ -428,7 +426,6 @@ def main() -> None:
     steps = args.steps or (8 if args.smoke else 64)
     prefills = args.prefill if args.prefill is not None else ([256] if args.smoke else [4096, 8192])
     work = Path(tempfile.mkdtemp(prefix="hotwire-kt-"))
-    from hotwire.engine_plugin.tiny_model import benchmark_model
 
     model, shape = benchmark_model(work, args.shape, args.smoke)
     config = json.loads((model / "config.json").read_text())

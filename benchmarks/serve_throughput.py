@@ -78,6 +78,8 @@ from pathlib import Path
 import httpx
 import numpy as np
 
+from hotwire.engine_plugin.tiny_model import benchmark_model, steered_layers
+
 N_VECTORS, SERVED, TARGET = 256, "bench", 0.99
 GPU_MEMORY_UTILIZATION = 0.25  # per server; three share the GPU
 STARTUP_TIMEOUT_S = 480
@@ -201,7 +203,7 @@ def _wait_ready(servers: list[Server], t0: float) -> dict[str, float]:
 def _bodies(n: int, seed: int, shape: dict, fraction: float, prompt_len: int, max_tokens: int) -> list[dict]:
     """``n`` completion bodies; ``fraction`` of them, spread evenly, steered by their own spec."""
     rng = np.random.default_rng(seed)
-    l1, l2 = _steered_layers(shape)
+    l1, l2 = steered_layers(shape["num_hidden_layers"])
     bodies = []
     for i in range(n):
         body = {"model": SERVED, "prompt": rng.integers(10, shape["vocab_size"] - 10, prompt_len).tolist(),
@@ -212,10 +214,6 @@ def _bodies(n: int, seed: int, shape: dict, fraction: float, prompt_len: int, ma
             body["vllm_xargs"] = {"hotwire": json.dumps(spec)}
         bodies.append(body)
     return bodies
-
-
-def _steered_layers(shape: dict) -> tuple[int, int]:
-    return shape["num_hidden_layers"] // 3, 2 * shape["num_hidden_layers"] // 3
 
 
 async def _closed_loop(url: str, bodies: list[dict], concurrency: int) -> dict:
@@ -371,7 +369,6 @@ def main() -> None:
     rounds = args.rounds or (2 if args.smoke else 5)
     prompt_len, max_tokens = (16, 8) if args.smoke else (128, 128)
     work = Path(tempfile.mkdtemp(prefix="hotwire-serve-"))
-    from hotwire.engine_plugin.tiny_model import benchmark_model
 
     model, shape_name = benchmark_model(work, args.shape, args.smoke)
     shape = json.loads((model / "config.json").read_text())
@@ -393,7 +390,7 @@ def main() -> None:
         engine.update(load_format="dummy", dtype="bfloat16", attention_backend="TRITON_ATTN", max_model_len=2048,
                       kv_cache_memory_bytes=kv_tokens * per_token, gpu_memory_utilization=GPU_MEMORY_UTILIZATION)
     names = ["plugin_free"] + [n for n in dict.fromkeys(args.servers) if n != "plugin_free"]
-    steered = ",".join(map(str, _steered_layers(shape)))
+    steered = ",".join(map(str, steered_layers(shape["num_hidden_layers"])))
     servers = [Server(n, work, model, engine, work / "vectors", steered) for n in names]
 
     result = {"command": " ".join([Path(sys.executable).name] + sys.argv), "date": time.strftime("%Y-%m-%d %H:%M"),

@@ -91,6 +91,11 @@ def write_config(path: str | Path, shape: str, dtype: str = "bfloat16", **overri
     return path
 
 
+def steered_layers(n_layers: int) -> tuple[int, int]:
+    """The two layers the benchmarks' steered requests use (and ``hotwire_2`` engines arm)."""
+    return n_layers // 3, (2 * n_layers) // 3
+
+
 def benchmark_model(work: str | Path, shape: str, smoke: bool) -> tuple[Path, str]:
     """(model dir, shape name) for a benchmark: the tiny CPU model under ``--smoke``, else the
     ``config.json`` of a Qwen3 shape (random weights via ``load_format="dummy"``)."""
