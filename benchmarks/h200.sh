@@ -65,7 +65,7 @@ case $stage in
       # long rounds: at 2 requests per client a round took 1.3-1.8 s, and that measured the host;
       # at 256 in flight a server round takes ~40 s at 8 per client
       per=8 rounds=5
-      [ "$c" -ge 256 ] && per=4 rounds=2
+      [ "$c" -ge 256 ] && per=4 rounds=3
       job "serve-c$c" python3 benchmarks/serve_throughput.py --shape qwen3-0.6b --concurrency "$c" \
         --requests-per-client $per --rounds $rounds --out "$out/serve-qwen3-0.6b-c$c.json"
       wait

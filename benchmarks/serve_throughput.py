@@ -142,6 +142,34 @@ class Server:
 
         return MailboxView.open(str(self.mailbox)).counters()
 
+    def cpu_seconds(self) -> dict[str, float]:
+        """CPU seconds (user + system, all threads) each process of the server has used so far,
+        by process name (the API server's, ``VLLM::EngineCore``, ...): where a host-bound server's
+        time goes."""
+        import psutil
+
+        out: dict[str, float] = {}
+        root = psutil.Process(self.proc.pid)
+        for p in [root, *root.children(recursive=True)]:
+            try:
+                name, t = p.name(), p.cpu_times()
+            except psutil.NoSuchProcess:
+                continue
+            out[name] = out.get(name, 0.0) + t.user + t.system
+        return out
+
+    def engine_totals(self, client: httpx.Client) -> dict[str, float]:
+        """Engine steps (``vllm:iteration_tokens_total`` observations) and preemptions so far."""
+        from prometheus_client.parser import text_string_to_metric_families
+
+        want = {"vllm:iteration_tokens_total_count": "steps", "vllm:num_preemptions_total": "preemptions"}
+        out = dict.fromkeys(want.values(), 0.0)
+        for family in text_string_to_metric_families(client.get(self.url + "/metrics").text):
+            for sample in family.samples:
+                if sample.name in want:
+                    out[want[sample.name]] += sample.value
+        return out
+
     def signal(self, sig: int) -> bool:
         """Signal the whole process group; False when none of it is left."""
         if self.proc is None:
@@ -253,10 +281,12 @@ async def _closed_loop(url: str, bodies: list[dict], concurrency: int) -> dict:
 
 
 def _client(url: str, bodies: list[dict], concurrency: int, start_at: float) -> dict:
-    """One load-generator process: wait for the common start, run its share, note when it ended."""
+    """One load-generator process: wait for the common start, run its share, note when it ended
+    and the CPU seconds it used (a client near one core's worth is the bottleneck, not the server)."""
     time.sleep(max(0.0, start_at - time.time()))
+    cpu = time.process_time()
     out = asyncio.run(_closed_loop(url, bodies, concurrency))
-    return {**out, "end": time.time()}
+    return {**out, "end": time.time(), "cpu_s": time.process_time() - cpu}
 
 
 def _round(pool: ProcessPoolExecutor, clients: int, url: str, bodies: list[dict], concurrency: int) -> dict:
@@ -276,13 +306,21 @@ def _round(pool: ProcessPoolExecutor, clients: int, url: str, bodies: list[dict]
     q = np.quantile(latencies, [0.5, 0.9])
     return {"tokens_per_s": round(tokens / wall, 1), "wall_s": round(wall, 3), "requests": len(bodies),
             "completion_tokens": tokens, "latency_p50_s": round(float(q[0]), 4),
-            "latency_p90_s": round(float(q[1]), 4), "resent": sum(x["resent"] for x in parts)}
+            "latency_p90_s": round(float(q[1]), 4), "resent": sum(x["resent"] for x in parts),
+            "client_cpu_s": [round(x["cpu_s"], 2) for x in parts]}
 
 
 def _measure(load: tuple[ProcessPoolExecutor, int], server: Server, bodies: list[dict], concurrency: int,
              steered_sent: dict[str, int]) -> dict:
-    """One round on one server, then its steering counters checked against what was sent."""
-    row = _round(*load, server.url, bodies, concurrency)
+    """One round on one server, with its CPU seconds per process and its engine steps; then its
+    steering counters checked against what was sent."""
+    with httpx.Client(timeout=30) as client:
+        cpu, totals = server.cpu_seconds(), server.engine_totals(client)
+        row = _round(*load, server.url, bodies, concurrency)
+        cpu_after, totals_after = server.cpu_seconds(), server.engine_totals(client)
+    row["cpu_s"] = {k: round(v - cpu.get(k, 0.0), 2) for k, v in cpu_after.items()}
+    row.update({k: int(totals_after[k] - totals[k]) for k in totals})
+    row["step_ms"] = round(1000 * row["wall_s"] / max(row["steps"], 1), 3)
     if server.plugin:
         steered_sent[server.name] += sum("vllm_xargs" in b for b in bodies)
         counters = server.counters()
@@ -307,6 +345,11 @@ def _summary(rounds: list[dict], concurrency: list[int], names: list[str]) -> li
         for n in names:
             row[f"{n}_tokens_per_s"] = round(med(r["tokens_per_s"] for r in by[n][:n_rounds]), 1)
             row[f"{n}_latency_p50_s"] = round(med(r["latency_p50_s"] for r in by[n][:n_rounds]), 4)
+            row[f"{n}_step_ms"] = round(med(r["step_ms"] for r in by[n][:n_rounds]), 3)
+            row[f"{n}_steps"] = round(med(r["steps"] for r in by[n][:n_rounds]))
+            procs = sorted({p for r in by[n] for p in r["cpu_s"]})
+            row[f"{n}_cpu_s"] = {p: round(med(r["cpu_s"].get(p, 0.0) for r in by[n][:n_rounds]), 2) for p in procs}
+            row[f"{n}_client_cpu_s"] = round(med(sum(r["client_cpu_s"]) for r in by[n][:n_rounds]), 2)
         for n in names[1:]:
             ratios = [a["tokens_per_s"] / b["tokens_per_s"] for a, b in zip(by[n], by["plugin_free"])]
             row[f"{n}_over_plugin_free"] = round(med(ratios), 4)
@@ -328,6 +371,14 @@ def _markdown(rows: list[dict], names: list[str]) -> str:
                  f"{r[f'{n}_over_plugin_free_range'][1]:.4f})" for n in names[1:]] + \
                 ["/".join(f"{r[f'{n}_latency_p50_s']:.3f}" for n in names)]
         out.append("| " + " | ".join(cells) + " |")
+    out += ["", "where a round's time goes, medians: engine steps, wall ms per step, CPU s per server process, "
+            "CPU s of all client processes", "",
+            "| concurrency | server | steps | ms/step | server CPU s | client CPU s |", "|" + " --- |" * 6]
+    for r in rows:
+        for n in names:
+            cpu = ", ".join(f"{p} {v:g}" for p, v in r[f"{n}_cpu_s"].items())
+            out.append(f"| {r['concurrency']} | {n} | {r[f'{n}_steps']} | {r[f'{n}_step_ms']:.3f} | {cpu} | "
+                       f"{r[f'{n}_client_cpu_s']:g} |")
     out.append("")
     for r in rows:
         verdicts = [f"{n}/plugin-free {r[f'{n}_over_plugin_free']:.4f}: {'met' if ok else 'NOT met'}"

@@ -15,12 +15,12 @@ from itertools import repeat
 from typing import Any
 
 import numpy as np
-import torch
 
 from hotwire.shared.spec import SpecError, SteerEntry, parse_spec, spec_from_extra_args
 
 from .counters import Counters
 from .registry import Registry
+from .staging import copy_into, to_device
 from .steering import ArmedModel
 
 
@@ -109,9 +109,9 @@ class Router:
         rows, route, coef = zip(*self._staged)
         self._staged.clear()
         dev = self.tables.route.device
-        idx = torch.tensor(rows, dtype=torch.long, device=dev)
-        self.tables.route.index_copy_(0, idx, torch.from_numpy(np.stack(route)).to(dev, non_blocking=True))
-        self.tables.coef.index_copy_(0, idx, torch.from_numpy(np.stack(coef)).to(dev, non_blocking=True))
+        idx = to_device(np.array(rows, dtype=np.int64), dev)
+        self.tables.route.index_copy_(0, idx, to_device(np.stack(route), dev))
+        self.tables.coef.index_copy_(0, idx, to_device(np.stack(coef), dev))
         self._rows_written = True
 
     # -- per step -----------------------------------------------------------------------------
@@ -133,6 +133,6 @@ class Router:
             return
         n = len(tok)
         if n:
-            self.tables.tok_row[:n].copy_(torch.from_numpy(tok), non_blocking=True)
+            copy_into(self.tables.tok_row[:n], tok)
         self.tables.load_tokens(n, stale=len(self._tok))
         self._tok, self._rows_written = tok, False

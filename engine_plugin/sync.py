@@ -22,6 +22,7 @@ from hotwire.shared.mailbox import ACTIVE, EngineMailbox, MailboxError
 
 from .counters import Counters
 from .registry import Registry
+from .staging import to_device
 
 log = logging.getLogger("vllm.hotwire")
 
@@ -30,8 +31,8 @@ HEARTBEAT_S = 0.25
 
 def write_rows(bank: torch.Tensor, slots: list[int], rows: np.ndarray) -> None:
     """Copy float32 ``rows [n, H]`` into bank rows ``slots + 1`` (model dtype)."""
-    idx = torch.tensor(slots, dtype=torch.long, device=bank.device) + 1
-    bank[idx] = torch.from_numpy(rows).to(bank.device, bank.dtype, non_blocking=True)
+    idx = to_device(np.array(slots, dtype=np.int64) + 1, bank.device)
+    bank.index_copy_(0, idx, to_device(rows, bank.device).to(bank.dtype))
 
 
 class MailboxSync:
