@@ -19,7 +19,9 @@ How:
   steered layers) and ``eager`` (hotwire with ``--enforce-eager``), as ``--servers`` lists them.
   GPU: a Qwen3 shape (``write_config``), ``--load-format dummy``, bf16, ``TRITON_ATTN``,
   ``--skip-tokenizer-init`` (prompts are token ids; vLLM returns token ids without detokenizing,
-  which suits a dummy model's arbitrary ids), vLLM's default torch.compile and CUDA graphs. The
+  which suits a dummy model's arbitrary ids), vLLM's default torch.compile and CUDA graphs. Each
+  server is pinned to its own ``SERVER_CORES`` physical cores and the load generator to the rest
+  (``_cpu_plan``; skipped when the CPUs are too few, and within ``taskset`` when run under it). The
   servers share one GPU: each gets ``--gpu-memory-utilization 0.25`` and an explicit
   ``--kv-cache-memory-bytes`` (room for every request at the largest concurrency, so nothing is
   preempted), which also skips vLLM's start-up memory profiling, which a neighbour would skew.
@@ -36,6 +38,10 @@ How:
   the H200 runs one wave of C was not enough, the first measured rounds still ran slower), then
   ``--rounds`` rounds, each running every server once; the server order rotates from round to
   round (A B, B A, ...) so drift within a round does not always favour the same server.
+* Where the time goes, per round and server: engine steps (vLLM's ``/metrics``) and wall ms per
+  step, CPU seconds per server process (API server, engine core; CUDA's spin-wait counts as busy)
+  and of the load generator, and for hotwire servers the host time of hotwire's own per-step work
+  on the engine's step thread (its ``host_ns`` counter) as a share of the round's wall time.
 * Checks (a benchmark that silently stops steering must fail): every response is 200 with
   ``usage.completion_tokens == max_tokens`` (a dropped connection is re-sent up to twice and
   counted per round as ``resent``; a failed round prints every server's log tail); after every
@@ -78,11 +84,13 @@ from pathlib import Path
 import httpx
 import numpy as np
 
+from hotwire.engine_plugin.sync import HEARTBEAT_S
 from hotwire.engine_plugin.tiny_model import benchmark_model, steered_layers
 
 N_VECTORS, SERVED, TARGET = 256, "bench", 0.99
 GPU_MEMORY_UTILIZATION = 0.25  # per server; three share the GPU
 STARTUP_TIMEOUT_S = 480
+SERVER_CORES = 3  # physical cores per server: API server, engine core and their helper threads
 SERVERS = {  # name: (plugin loaded, --enforce-eager, armed only on the steered layers)
     "plugin_free": (False, False, False),
     "hotwire": (True, False, False),
@@ -95,8 +103,9 @@ SERVERS = {  # name: (plugin loaded, --enforce-eager, armed only on the steered 
 class Server:
     """One ``vllm serve`` in its own session (its process group: API server, engine core, worker)."""
 
-    def __init__(self, name: str, work: Path, model: Path, engine: dict, vectors: Path, steered: str):
-        self.name, self.model = name, model
+    def __init__(self, name: str, work: Path, model: Path, engine: dict, vectors: Path, steered: str,
+                 cpus: list[int] | None):
+        self.name, self.model, self.cpus = name, model, cpus
         plugin, eager, two = SERVERS[name]
         self.engine = {**engine, "enforce_eager": True} if eager else engine
         self.plugin = plugin
@@ -122,8 +131,9 @@ class Server:
         with open(self.log, "w") as log:
             log.write(" ".join(argv) + "\n")
             log.flush()
+            pin = None if self.cpus is None else (lambda: os.sched_setaffinity(0, self.cpus))
             self.proc = subprocess.Popen(argv, env=self.env, stdin=subprocess.DEVNULL, stdout=log,
-                                         stderr=subprocess.STDOUT, start_new_session=True)
+                                         stderr=subprocess.STDOUT, start_new_session=True, preexec_fn=pin)
 
     def died(self) -> str | None:
         if self.proc.poll() is None:
@@ -196,6 +206,29 @@ def _stop(servers: list[Server]) -> None:
             time.sleep(0.2)
         if s.proc is not None:
             s.proc.wait()
+
+
+def _cpu_plan(n_servers: int, clients: int) -> tuple[list[list[int]], list[int]] | None:
+    """Disjoint CPU sets: ``SERVER_CORES`` physical cores (hyperthread siblings together) for each
+    server, the rest for the load generator; None when the CPUs this process may use are too few.
+
+    Why: a host-bound server's step time follows the core its engine thread lands on; with every
+    process free to move, a neighbour on the sibling hyperthread moved whole rounds by 10-20 %.
+    """
+    allowed = sorted(os.sched_getaffinity(0))
+    cores: dict[str, list[int]] = {}
+    for cpu in allowed:
+        try:
+            siblings = Path(f"/sys/devices/system/cpu/cpu{cpu}/topology/thread_siblings_list").read_text().strip()
+        except OSError:
+            siblings = str(cpu)
+        cores.setdefault(siblings, []).append(cpu)
+    whole = sorted(cores.values(), key=len, reverse=True)  # servers first get cores with every sibling
+    take = n_servers * SERVER_CORES
+    if len(whole) < take + clients:
+        return None
+    servers = [sum(whole[i * SERVER_CORES:(i + 1) * SERVER_CORES], []) for i in range(n_servers)]
+    return servers, sorted(sum(whole[take:], []))
 
 
 def _free_port() -> int:
@@ -316,6 +349,7 @@ def _measure(load: tuple[ProcessPoolExecutor, int], server: Server, bodies: list
     steering counters checked against what was sent."""
     with httpx.Client(timeout=30) as client:
         cpu, totals = server.cpu_seconds(), server.engine_totals(client)
+        before = server.counters() if server.plugin else {}
         row = _round(*load, server.url, bodies, concurrency)
         cpu_after, totals_after = server.cpu_seconds(), server.engine_totals(client)
     row["cpu_s"] = {k: round(v - cpu.get(k, 0.0), 2) for k, v in cpu_after.items()}
@@ -323,7 +357,11 @@ def _measure(load: tuple[ProcessPoolExecutor, int], server: Server, bodies: list
     row["step_ms"] = round(1000 * row["wall_s"] / max(row["steps"], 1), 3)
     if server.plugin:
         steered_sent[server.name] += sum("vllm_xargs" in b for b in bodies)
+        time.sleep(2 * HEARTBEAT_S)  # the engine's heartbeat publishes its step count and host time
         counters = server.counters()
+        # hotwire's own host work on the engine's step thread, as a share of the round
+        row["hotwire_host_ms"] = round((counters["host_ns"] - before["host_ns"]) / 1e6, 1)
+        row["hotwire_host_share"] = round(row["hotwire_host_ms"] / (1000 * row["wall_s"]), 5)
         refused = {k: v for k, v in counters.items() if k.startswith("unsteered_") and v}
         if refused or counters["steered_requests"] < steered_sent[server.name]:
             raise SystemExit(f"{server.name}: {steered_sent[server.name]} steered requests sent, "
@@ -350,6 +388,8 @@ def _summary(rounds: list[dict], concurrency: list[int], names: list[str]) -> li
             procs = sorted({p for r in by[n] for p in r["cpu_s"]})
             row[f"{n}_cpu_s"] = {p: round(med(r["cpu_s"].get(p, 0.0) for r in by[n][:n_rounds]), 2) for p in procs}
             row[f"{n}_client_cpu_s"] = round(med(sum(r["client_cpu_s"]) for r in by[n][:n_rounds]), 2)
+            if "hotwire_host_share" in by[n][0]:
+                row[f"{n}_hotwire_host_share"] = med(r["hotwire_host_share"] for r in by[n][:n_rounds])
         for n in names[1:]:
             ratios = [a["tokens_per_s"] / b["tokens_per_s"] for a, b in zip(by[n], by["plugin_free"])]
             row[f"{n}_over_plugin_free"] = round(med(ratios), 4)
@@ -371,14 +411,16 @@ def _markdown(rows: list[dict], names: list[str]) -> str:
                  f"{r[f'{n}_over_plugin_free_range'][1]:.4f})" for n in names[1:]] + \
                 ["/".join(f"{r[f'{n}_latency_p50_s']:.3f}" for n in names)]
         out.append("| " + " | ".join(cells) + " |")
-    out += ["", "where a round's time goes, medians: engine steps, wall ms per step, CPU s per server process, "
-            "CPU s of all client processes", "",
-            "| concurrency | server | steps | ms/step | server CPU s | client CPU s |", "|" + " --- |" * 6]
+    out += ["", "where a round's time goes, medians: engine steps, wall ms per step, hotwire's host work on the "
+            "engine's step thread (% of the round), CPU s per server process, CPU s of all client processes", "",
+            "| concurrency | server | steps | ms/step | hotwire host % | server CPU s | client CPU s |",
+            "|" + " --- |" * 7]
     for r in rows:
         for n in names:
             cpu = ", ".join(f"{p} {v:g}" for p, v in r[f"{n}_cpu_s"].items())
-            out.append(f"| {r['concurrency']} | {n} | {r[f'{n}_steps']} | {r[f'{n}_step_ms']:.3f} | {cpu} | "
-                       f"{r[f'{n}_client_cpu_s']:g} |")
+            share = r.get(f"{n}_hotwire_host_share")
+            out.append(f"| {r['concurrency']} | {n} | {r[f'{n}_steps']} | {r[f'{n}_step_ms']:.3f} | "
+                       f"{'-' if share is None else f'{100 * share:.2f}'} | {cpu} | {r[f'{n}_client_cpu_s']:g} |")
     out.append("")
     for r in rows:
         verdicts = [f"{n}/plugin-free {r[f'{n}_over_plugin_free']:.4f}: {'met' if ok else 'NOT met'}"
@@ -442,7 +484,11 @@ def main() -> None:
                       kv_cache_memory_bytes=kv_tokens * per_token, gpu_memory_utilization=GPU_MEMORY_UTILIZATION)
     names = ["plugin_free"] + [n for n in dict.fromkeys(args.servers) if n != "plugin_free"]
     steered = ",".join(map(str, steered_layers(shape["num_hidden_layers"])))
-    servers = [Server(n, work, model, engine, work / "vectors", steered) for n in names]
+    plan = None if args.smoke else _cpu_plan(len(names), args.client_processes)
+    if plan is not None:
+        os.sched_setaffinity(0, plan[1])  # this process and the load generator's, which inherit it
+    servers = [Server(n, work, model, engine, work / "vectors", steered, plan and plan[0][i])
+               for i, n in enumerate(names)]
 
     result = {"command": " ".join([Path(sys.executable).name] + sys.argv), "date": time.strftime("%Y-%m-%d %H:%M"),
               "host": platform.node(), "gpu": gpu or "cpu", "torch": version("torch"), "shape": shape_name,
@@ -451,6 +497,7 @@ def main() -> None:
               "requests_per_round": {str(c): c * args.requests_per_client for c in concurrency},
               "prompt_len": prompt_len, "max_tokens": max_tokens, "steered_fraction": args.steered_fraction,
               "client_processes": args.client_processes,
+              "cpus": None if plan is None else {**{n: plan[0][i] for i, n in enumerate(names)}, "clients": plan[1]},
               "env": {k: os.environ[k] for k in ("VLLM_USE_V2_MODEL_RUNNER",) if k in os.environ},
               "phases_s": {}, "samples": []}
     args.out.parent.mkdir(parents=True, exist_ok=True)

@@ -47,6 +47,9 @@ class StateCollector(Collector):
                                       "Mailbox rows the engine copied into its bank")
         torn = CounterMetricFamily("hotwire_engine_mailbox_torn_reads",
                                    "Mailbox entries the engine skipped mid-write")
+        steps = CounterMetricFamily("hotwire_engine_steps", "Engine steps hotwire routed")
+        host = CounterMetricFamily("hotwire_engine_host_seconds",
+                                   "Time hotwire's per-step work held the engine's step thread")
         if view is not None:
             resident.add_metric([], sum(self.slots.residency(r, view).resident for r in records))
             used.add_metric([], view.table.used)
@@ -55,12 +58,15 @@ class StateCollector(Collector):
             lag.add_metric([], max(0, view.target_gen - view.applied_gen))
             by_name = {"steered_requests": steered, "mailbox_rows_applied": applied,
                        "mailbox_torn_reads": torn}
-            for name, value in view.counters.items():
+            counters = view.counters
+            for name, value in counters.items():
                 if name.startswith(UNSTEERED):
                     unsteered.add_metric([name[len(UNSTEERED):]], value)
                 elif name in by_name:
                     by_name[name].add_metric([], value)
-        yield from (resident, used, total, heartbeat, lag, steered, unsteered, applied, torn)
+            steps.add_metric([], counters["steps"])
+            host.add_metric([], counters["host_ns"] / 1e9)
+        yield from (resident, used, total, heartbeat, lag, steered, unsteered, applied, torn, steps, host)
         yield CounterMetricFamily("hotwire_evicted_vectors", "Vectors evicted to make room",
                                   value=self.slots.evicted_total)
 

@@ -1,4 +1,5 @@
-"""Why requests ran unsteered: counted, logged once per request, mirrored into the mailbox."""
+"""What the engine counts: why requests ran unsteered (logged once per request), and the host
+time its per-step work takes; mirrored into the mailbox for the control API's metrics."""
 
 from __future__ import annotations
 
@@ -14,6 +15,8 @@ class Counters:
     def __init__(self) -> None:
         self.counts: Counter[str] = Counter()
         self.mailbox: EngineMailbox | None = None
+        self.steps = 0  # engine steps routed
+        self.host_ns = 0  # step-thread time in the per-step hooks
 
     def add(self, name: str, n: int = 1) -> None:
         self.counts[name] += n
@@ -23,3 +26,10 @@ class Counters:
     def unsteered(self, req_id: str, reason: str, detail: str) -> None:
         self.add(f"unsteered_{reason}")
         log.warning("hotwire: request %s runs unsteered (%s): %s", req_id, reason, detail)
+
+    def publish_step_time(self) -> None:
+        """Copy ``steps``/``host_ns`` to the mailbox: from the heartbeat, off the step thread,
+        which only adds to two ints."""
+        if self.mailbox is not None:
+            self.mailbox.set_counter("steps", self.steps)
+            self.mailbox.set_counter("host_ns", self.host_ns)

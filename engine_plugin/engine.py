@@ -4,12 +4,16 @@ vLLM calls (through :mod:`.hooks`):
   * ``Steerer.attach(runner)`` right after ``load_model`` — before profiling, compile and capture;
   * ``on_schedule(scheduler_output)`` at the top of ``execute_model`` — mailbox, arrivals, finishes;
   * ``on_batch(req_ids, num_tokens)`` after the runner has settled the step's batch.
+
+Both add their time to ``counters.host_ns`` (``hotwire_engine_host_seconds`` in the control API's
+metrics): hotwire's share of a host-bound engine's step, measured where it is paid.
 """
 
 from __future__ import annotations
 
 import contextlib
 import logging
+import time
 from typing import Any
 
 import numpy as np
@@ -54,8 +58,8 @@ StartupRow = tuple[int, str, int, np.ndarray]  # (slot, vector id, layer, float3
 
 
 class Steerer:
-    def __init__(self, router: Router, sync: MailboxSync | None):
-        self.router, self.sync = router, sync
+    def __init__(self, router: Router, sync: MailboxSync | None, counters: Counters):
+        self.router, self.sync, self.counters = router, sync, counters
 
     # -- construction ---------------------------------------------------------------------------
     @classmethod
@@ -91,7 +95,7 @@ class Steerer:
         if len(armed) > 4:
             log.info("hotwire: each armed layer adds one kernel launch per decode step (about 1.6 us on an "
                      "H200); set HOTWIRE_LAYERS to the layers you steer to pay only for those")
-        return cls(router, sync)
+        return cls(router, sync, counters)
 
     @staticmethod
     def _load_startup(cfg: HotwireConfig, fp: Fingerprint, armed: list[int], bank: torch.Tensor,
@@ -137,16 +141,18 @@ class Steerer:
     # -- per step -------------------------------------------------------------------------------
     def on_schedule(self, scheduler_output: Any) -> None:
         """Mailbox changes, then finished and new requests (vLLM has not touched its batch yet)."""
+        t = time.perf_counter_ns()
         new = scheduler_output.scheduled_new_reqs
         finished = scheduler_output.finished_req_ids
         if self.sync is None:
             self._admit(new, finished)
-            return
-        with self.sync.lock:
-            if not self.sync.paused:
-                self.sync.apply()
-            if self._admit(new, finished):
-                self.sync.publish_refs()
+        else:
+            with self.sync.lock:
+                if not self.sync.paused:
+                    self.sync.apply()
+                if self._admit(new, finished):
+                    self.sync.publish_refs()
+        self.counters.host_ns += time.perf_counter_ns() - t
 
     def capturing(self):
         """Context for CUDA-graph capture: no bank writes from any thread meanwhile."""
@@ -165,8 +171,11 @@ class Steerer:
         return True
 
     def on_batch(self, req_ids: list[str], num_tokens: np.ndarray) -> None:
+        t = time.perf_counter_ns()
         with torch.inference_mode():
             self.router.route(req_ids, num_tokens)
+        self.counters.steps += 1
+        self.counters.host_ns += time.perf_counter_ns() - t
 
     def close(self) -> None:
         if self.sync is not None:

@@ -33,6 +33,7 @@ from __future__ import annotations
 import json
 import os
 import sys
+import time
 
 
 def _graph_counters():
@@ -101,6 +102,9 @@ def main(job_path: str, out_path: str) -> None:
     if job.get("plugin", True) and box and os.path.exists(box):
         from hotwire.shared.mailbox import MailboxView
 
+        from .sync import HEARTBEAT_S
+
+        time.sleep(2 * HEARTBEAT_S)  # the heartbeat publishes steps and host time
         view = MailboxView.open(box)
         counters, armed = view.counters(), view.armed_layers()
     json.dump({"rounds": rounds, "hotwire": _hotwire_active(), "armed": armed, "counters": counters,
@@ -110,7 +114,6 @@ def main(job_path: str, out_path: str) -> None:
 def _timing(generate, t: dict) -> dict[str, list[float]]:
     """Decode ms per step, idle and steered alternating, prefill and call overhead cancelled."""
     import random
-    import time
 
     rng = random.Random(0)
     prompts = [[rng.randrange(t["vocab"]) for _ in range(16)] for _ in range(t["batch"])]

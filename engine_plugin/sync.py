@@ -91,6 +91,7 @@ class MailboxSync:
             try:
                 with self.lock:
                     self.apply()
+                    self.counters.publish_step_time()
                     self.box.beat()
             except (MailboxError, ValueError, RuntimeError) as e:
                 log.error("hotwire: mailbox thread stopped: %s", e)

@@ -63,6 +63,8 @@ COUNTERS = (
     "unsteered_table_full",  # no free request row (more steered requests than the table holds)
     "mailbox_rows_applied",  # ACTIVE rows copied into the bank
     "mailbox_torn_reads",  # entries skipped because a write was in progress
+    "steps",  # engine steps hotwire routed (published by the heartbeat, like host_ns)
+    "host_ns",  # time hotwire's per-step work held the engine's step thread
 )
 COUNTER_INDEX = {name: i for i, name in enumerate(COUNTERS)}
 
@@ -259,6 +261,9 @@ class EngineMailbox(_Mapped):
 
     def add_counter(self, name: str, n: int = 1) -> None:
         self.header["counters"][COUNTER_INDEX[name]] += n
+
+    def set_counter(self, name: str, value: int) -> None:
+        self.header["counters"][COUNTER_INDEX[name]] = value
 
     def beat(self) -> None:
         self.header["heartbeat_ns"] = time.time_ns()

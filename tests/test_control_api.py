@@ -469,6 +469,8 @@ def test_metrics_expose_catalog_slots_engine_counters_and_uploads(rig):
     assert rig.push("m2", exact_vector(H)).status_code == 409
     rig.engine.box.add_counter("unsteered_unknown_id", 3)
     rig.engine.box.add_counter("steered_requests", 7)
+    rig.engine.box.set_counter("steps", 40)
+    rig.engine.box.set_counter("host_ns", 2_500_000_000)
     m = _metrics(rig)
     assert m[("hotwire_catalog_vectors", ())] == 2
     assert m[("hotwire_resident_vectors", ())] == 2
@@ -477,6 +479,8 @@ def test_metrics_expose_catalog_slots_engine_counters_and_uploads(rig):
     assert m[("hotwire_engine_unsteered_requests_total", (("reason", "unknown_id"),))] == 3
     assert m[("hotwire_engine_unsteered_requests_total", (("reason", "malformed"),))] == 0
     assert m[("hotwire_engine_steered_requests_total", ())] == 7
+    assert m[("hotwire_engine_steps_total", ())] == 40
+    assert m[("hotwire_engine_host_seconds_total", ())] == 2.5
     assert m[("hotwire_uploads_total", (("status", "201"),))] == 2
     assert m[("hotwire_uploads_total", (("status", "409"),))] == 1
     assert 0 <= m[("hotwire_engine_heartbeat_age_seconds", ())] < 3

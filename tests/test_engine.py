@@ -151,6 +151,15 @@ def test_refused_specs_are_counted_by_reason(steered, rounds):
     assert "runs unsteered (unknown_id): no vector 'nope' for layer 1" in steered[1]["log"]
 
 
+def test_steps_and_host_time_reach_the_mailbox(steered, rounds):
+    """Every engine step is counted (each round takes at least its longest request's steps),
+    with hotwire's host time on them."""
+    counters = steered[1]["counters"]
+    min_steps = sum(max(r.get("max_tokens", 8) for r in reqs) for reqs in rounds.values())
+    assert counters["steps"] >= min_steps
+    assert 0 < counters["host_ns"] < counters["steps"] * 10**7  # under 10 ms a step on CPU
+
+
 def test_bad_startup_files_are_named_and_skipped(steered):
     log = steered[1]["log"]
     for name in ("wrongshape.safetensors", "hasnan.safetensors", "garbage.safetensors"):
