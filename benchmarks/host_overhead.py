@@ -79,7 +79,7 @@ def main() -> None:
 
     timings = {"admit_per_request": [t / BATCH for t in _timed(admit_all, max(5, args.repeat // 20))]}
     admit_all()
-    staged = [(1 + j, np.zeros((LAYERS, 4, 3), np.int32), np.zeros((LAYERS, 4), np.float32)) for j in range(BATCH)]
+    staged = [(1 + j, np.zeros((LAYERS, 4, 4), np.int32)) for j in range(BATCH)]
     timings["commit_256_arrivals"] = _timed(lambda: (router._staged.extend(staged), router.commit()),
                                             max(5, args.repeat // 20))
     router.route(ids, ones)

@@ -1,10 +1,10 @@
 """Per-request routing rows and the per-step token -> request map.
 
 Per request, on arrival only: parse the spec, resolve each entry to a bank slot and write one
-request row ``[A, K]`` of the route/coef tables. Per step: one vectorised ``np.repeat`` of
-request rows over the step's token counts; when it or the rows changed, one copy to ``tok_row``
-and one gather of the rows into the per-token tables the op reads (decode steps of a steady
-batch reuse them: positions, not the map, move the token windows).
+request row ``[A, K, 4]`` of the route table. Per step: one vectorised ``np.repeat`` of request
+rows over the step's token counts; when it or the rows changed, one copy to ``tok_row`` and one
+gather of the rows into the per-token table the op reads (decode steps of a steady batch reuse
+it: positions, not the map, move the token windows).
 """
 
 from __future__ import annotations
@@ -42,7 +42,7 @@ class Router:
         self.active: dict[str, _Steered] = {}
         self._row_of: dict[str, int] = {}  # active[r].row, looked up per step without Python calls
         self._free = list(range(requests, 0, -1))  # request row 0 is the null row
-        self._staged: list[tuple[int, np.ndarray, np.ndarray]] = []
+        self._staged: list[tuple[int, np.ndarray]] = []
         self._tok = np.zeros(0, dtype=np.int32)  # tok_row content on the device, up to its length
 
     # -- arrival / finish -------------------------------------------------------------------
@@ -56,7 +56,7 @@ class Router:
             entries = parse_spec(raw)
             if not entries:
                 return
-            route, coef, slots = self._resolve(entries, prompt_len)
+            route, slots = self._resolve(entries, prompt_len)
             if not self._free:
                 raise SpecError("table_full", f"all {len(self.active)} request rows are in use")
         except SpecError as e:
@@ -67,7 +67,7 @@ class Router:
         self._row_of[req_id] = row
         self._dirty = True
         self.registry.hold(slots)
-        self._staged.append((row, route, coef))
+        self._staged.append((row, route))
         self.counters.add("steered_requests")
 
     def finish(self, req_ids: Iterable[str]) -> None:
@@ -81,8 +81,7 @@ class Router:
 
     def _resolve(self, entries: tuple[SteerEntry, ...], prompt_len: int):
         n_armed = len(self.armed.layers)
-        route = np.zeros((n_armed, self.entries, 3), dtype=np.int32)  # [A, K, (row, lo, hi)]
-        coef = np.zeros((n_armed, self.entries), dtype=np.float32)    # [A, K]
+        route = np.zeros((n_armed, self.entries, 4), dtype=np.int32)  # [A, K, (row, lo, hi, scale bits)]
         used = np.zeros(n_armed, dtype=np.int64)
         slots = []
         for e in entries:
@@ -96,22 +95,21 @@ class Router:
             k = used[i]
             if k == self.entries:
                 raise SpecError("too_many_entries", f"more than {self.entries} entries on layer {e.layer}")
-            route[i, k] = (slot + 1, *e.span(prompt_len))
-            coef[i, k] = e.scale
+            route[i, k, :3] = (slot + 1, *e.span(prompt_len))
+            route[i, k, 3] = np.float32(e.scale).view(np.int32)
             used[i] += 1
             slots.append(slot)
-        return route, coef, tuple(set(slots))
+        return route, tuple(set(slots))
 
     def commit(self) -> None:
-        """Write the rows of requests admitted since the last commit, in one copy per table."""
+        """Write the rows of requests admitted since the last commit, in one ``index_copy_``."""
         if not self._staged:
             return
-        rows, route, coef = zip(*self._staged)
+        rows, route = zip(*self._staged)
         self._staged.clear()
         dev = self.tables.route.device
-        idx = to_device(np.array(rows, dtype=np.int64), dev)
-        self.tables.route.index_copy_(0, idx, to_device(np.stack(route), dev))
-        self.tables.coef.index_copy_(0, idx, to_device(np.stack(coef), dev))
+        self.tables.route.index_copy_(0, to_device(np.array(rows, dtype=np.int64), dev),
+                                      to_device(np.stack(route), dev))
         self._rows_written = True
 
     # -- per step -----------------------------------------------------------------------------
@@ -131,8 +129,9 @@ class Router:
             tok = self._tok[:0]
         if not self._rows_written and tok.shape == self._tok.shape and np.array_equal(tok, self._tok):
             return
-        n = len(tok)
+        n = max(len(tok), len(self._tok))  # the last step's tokens past this one's get the null row
         if n:
-            copy_into(self.tables.tok_row[:n], tok)
-        self.tables.load_tokens(n, stale=len(self._tok))
+            padded = tok if n == len(tok) else np.concatenate((tok, np.zeros(n - len(tok), np.int32)))
+            copy_into(self.tables.tok_row[:n], padded)
+            self.tables.load_tokens(n)
         self._tok, self._rows_written = tok, False

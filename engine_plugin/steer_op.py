@@ -10,10 +10,11 @@ residual: :func:`.steering._steered_class`). An unsteered token passes through b
 (invariant 1); ``benchmarks/kernel_diff.py`` compares the generated kernels.
 
 Contract, for ``x [T, H]`` (the layer's output: one addend of the residual stream),
-``positions [T]`` and the layer's per-token entries ``route [N>=T, K, 3]``, ``coef [N, K]``::
+``positions [T]`` and the layer's per-token entries ``route [N>=T, K, 4]`` int32 (any token
+stride; an entry's four words contiguous)::
 
-    out[t] = x[t] + sum_k  where(lo <= positions[t] < hi,  coef[t, k] * bank[row],  -0.0)
-             with (row, lo, hi) = route[t, k]
+    out[t] = x[t] + sum_k  where(lo <= positions[t] < hi,  scale * bank[row],  -0.0)
+             with (row, lo, hi, scale as float32 bits) = route[t, k]
 
 in float32, rounded once to ``x.dtype``. A token with no entry on keeps every bit (here ``-0.0``
 is the exact identity of float addition; the Triton kernel stores such a token as loaded).
@@ -29,12 +30,12 @@ from __future__ import annotations
 import torch
 
 
-def reference(x: torch.Tensor, positions: torch.Tensor, bank: torch.Tensor, route: torch.Tensor,
-              coef: torch.Tensor) -> torch.Tensor:
+def reference(x: torch.Tensor, positions: torch.Tensor, bank: torch.Tensor, route: torch.Tensor) -> torch.Tensor:
     """The contract in torch: the CPU kernel, and what the Triton kernel is tested against."""
-    # x: [T, H]; positions: [T]; bank: [S+1, H]; route: [N>=T, K, 3] int32; coef: [N, K] float32
+    # x: [T, H]; positions: [T]; bank: [S+1, H]; route: [N>=T, K, 4] int32
     n = x.shape[0]
-    rt, c = route[:n], coef[:n]                                  # [T, K, 3], [T, K]
+    rt = route[:n]                                               # [T, K, 4]
+    c = rt[..., 3].view(torch.float32)                           # [T, K] the scales' bits
     pos = positions[:n, None]                                    # [T, 1]
     on = (pos >= rt[..., 1]) & (pos < rt[..., 2])                # [T, K]
     acc = x.to(torch.float32, copy=True)                         # [T, H]
@@ -45,18 +46,17 @@ def reference(x: torch.Tensor, positions: torch.Tensor, bank: torch.Tensor, rout
 
 
 @torch.library.custom_op("hotwire::steer", mutates_args=())
-def steer(x: torch.Tensor, positions: torch.Tensor, bank: torch.Tensor, route: torch.Tensor,
-          coef: torch.Tensor) -> torch.Tensor:
-    return reference(x, positions, bank, route, coef)
+def steer(x: torch.Tensor, positions: torch.Tensor, bank: torch.Tensor, route: torch.Tensor) -> torch.Tensor:
+    return reference(x, positions, bank, route)
 
 
 @steer.register_fake
-def _(x, positions, bank, route, coef):
+def _(x, positions, bank, route):
     return x.new_empty(x.shape)
 
 
 @steer.register_kernel("cuda")
-def _(x, positions, bank, route, coef):
+def _(x, positions, bank, route):
     from .steer_triton import launch  # Triton is only needed (and present) where CUDA is
 
-    return launch(x, positions, bank, route, coef)
+    return launch(x, positions, bank, route)

@@ -10,10 +10,10 @@ kernels around it are generated exactly as without the plugin. All state lives i
 allocated once, before compile and CUDA-graph capture; steering on/off and vector changes are
 content updates between replays (invariant 4).
 
-The op reads per-token copies of the routing rows (``tok_route``/``tok_coef``, refreshed by the
-router only when the batch changes), addressed by token index, so the bank row is its only
+The op reads a per-token copy of the routing rows (``tok_route``, refreshed by the router only
+when the batch changes, in one gather), addressed by token index, so the bank row is its only
 dependent load, and entries that are off add ``-0.0``: an unsteered token keeps its bits.
-Each armed layer holds views of its own layer's slice of these tables as buffers: graph inputs,
+Each armed layer holds a view of its own layer's slice of that table as a buffer: a graph input,
 so every armed layer traces to the same graph (a layer index would be a constant in it).
 """
 
@@ -33,20 +33,20 @@ _LAYER_INDEX = re.compile(r"(?:^|\.)layers\.(\d+)$")
 
 
 class SteeringTables(nn.Module):
-    """GPU bank, per-request routing rows and their per-token copies, at fixed addresses.
+    """GPU bank, per-request routing rows and their per-token copy, at fixed addresses.
 
     Shapes (S slots, H hidden, A armed layers, R request rows, K entries, N max tokens)::
 
-        bank      [S+1, H]        model dtype   row 0 = zeros
-        route     [R+1, A, K, 3]  int32         (bank row, lo, hi) per entry; request row 0 = null
-        coef      [R+1, A, K]     float32       scale per entry
-        tok_row   [N]             int32         request row of each token of the current step
-        tok_route [A, N, K, 3]    int32         route[tok_row], by layer: what the op reads
-        tok_coef  [A, N, K]       float32       coef[tok_row], by layer
+        bank      [S+1, H]          model dtype   row 0 = zeros
+        route     [R+1, A, K, 4]    int32         (bank row, lo, hi, scale's float32 bits) per
+                                                  entry; request row 0 = null (all zeros)
+        tok_row   [N]               int32         request row of each token of the current step
+        tok_route [N, A, K, 4]      int32         route[tok_row]: what the op reads
 
-    The request tables are request-major, so admitting requests is one ``index_copy_`` of whole
-    rows; the per-token ones layer-major, so one layer's slice (:meth:`layer`) is a contiguous view.
-    N is rounded up to a multiple of 4, which keeps every such view 16-byte aligned.
+    Both are row-major in the leading index, so admitting requests is one ``index_copy_`` of whole
+    rows and a batch change one ``index_select`` straight into ``tok_route``: the fewest launches
+    on the host path, which a host-bound served engine pays on most steps. A layer's slice
+    (:meth:`layer`) is a strided view; an entry's four words are 16-byte aligned.
     """
 
     def __init__(self, *, slots: int, hidden: int, armed: int, requests: int, entries: int,
@@ -57,37 +57,28 @@ class SteeringTables(nn.Module):
             self.register_buffer(name, torch.zeros(*shape, dtype=dtype, device=device), persistent=False)
 
         buf("bank", slots + 1, hidden, dtype=dtype)
-        buf("route", requests + 1, armed, entries, 3)
-        buf("coef", requests + 1, armed, entries, dtype=torch.float32)
-        max_tokens = -(-max_tokens // 4) * 4
+        buf("route", requests + 1, armed, entries, 4)
         buf("tok_row", max_tokens)
-        buf("tok_route", armed, max_tokens, entries, 3)
-        buf("tok_coef", armed, max_tokens, entries, dtype=torch.float32)
+        buf("tok_route", max_tokens, armed, entries, 4)
 
     @property
     def nbytes(self) -> int:
         return sum(b.numel() * b.element_size() for b in self.buffers())
 
-    def load_tokens(self, n: int, stale: int = 0) -> None:
-        """Copy the request rows named by ``tok_row[:n]`` to the per-token tables; null ``[n, stale)``."""
-        rows = self.tok_row[:n]
-        self.tok_route[:, :n].copy_(self.route.index_select(0, rows).transpose(0, 1))
-        self.tok_coef[:, :n].copy_(self.coef.index_select(0, rows).transpose(0, 1))
-        if stale > n:
-            self.tok_route[:, n:stale].zero_()
-            self.tok_coef[:, n:stale].zero_()
+    def load_tokens(self, n: int) -> None:
+        """Copy the request rows named by ``tok_row[:n]`` to ``tok_route[:n]``: one gather."""
+        torch.index_select(self.route, 0, self.tok_row[:n], out=self.tok_route[:n])
 
-    def layer(self, pos: int) -> tuple[torch.Tensor, torch.Tensor]:
-        """Armed layer ``pos``'s per-token entries: views ``[N, K, 3]`` and ``[N, K]``."""
-        return self.tok_route[pos], self.tok_coef[pos]
+    def layer(self, pos: int) -> torch.Tensor:
+        """Armed layer ``pos``'s per-token entries: a view ``[N, K, 4]``."""
+        return self.tok_route[:, pos]
 
-    def forward(self, x: torch.Tensor, positions: torch.Tensor, route: torch.Tensor,
-                coef: torch.Tensor) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, positions: torch.Tensor, route: torch.Tensor) -> torch.Tensor:
         # x: [T, H] the layer's output (an addend of the stream); positions: [T] (or [3, T] for M-RoPE);
-        # route: [N, K, 3], coef: [N, K], the layer's slice of tok_route / tok_coef
+        # route: [N, K, 4], the layer's slice of tok_route
         if positions.dim() == 2:
             positions = positions[0]
-        return steer(x, positions[: x.shape[0]], self.bank, route, coef)
+        return steer(x, positions[: x.shape[0]], self.bank, route)
 
 
 @dataclass(frozen=True)
@@ -142,9 +133,9 @@ def _steered_class(base: type) -> type:
             # unmaterialised in float32 and recompute it inside the next norm kernel, and an op
             # reading it would force a rounded bf16 copy, moving unsteered tokens' logprobs.
             hidden, residual = out
-            return self.hotwire(hidden, positions, self.hotwire_route, self.hotwire_coef), residual
+            return self.hotwire(hidden, positions, self.hotwire_route), residual
         if isinstance(out, torch.Tensor):
-            return self.hotwire(out, positions, self.hotwire_route, self.hotwire_coef)
+            return self.hotwire(out, positions, self.hotwire_route)
         raise TypeError(f"{base.__name__} returns {type(out).__name__}; cannot steer it")
 
     return type(f"Steered{base.__name__}", (base,), {"forward": forward, "__module__": __name__})
@@ -155,14 +146,12 @@ def arm(found: dict[int, nn.Module], armed: list[int], tables: SteeringTables) -
 
     Layer names and parameters are unchanged; the tables become a child of each armed layer,
     so torch.compile sees them as module buffers (graph inputs at fixed addresses). The layer's
-    own slice of the per-token tables is a pair of buffers too (``hotwire_route``/``hotwire_coef``,
-    views), not an index: every armed layer then traces to the same graph, compiled once.
+    own slice of the per-token table is a buffer too (``hotwire_route``, a view), not an index:
+    every armed layer then traces to the same graph, compiled once.
     """
     for pos, i in enumerate(armed):
         layer = found[i]
         layer.add_module("hotwire", tables)
-        route, coef = tables.layer(pos)
-        layer.register_buffer("hotwire_route", route, persistent=False)
-        layer.register_buffer("hotwire_coef", coef, persistent=False)
+        layer.register_buffer("hotwire_route", tables.layer(pos), persistent=False)
         layer.__class__ = _steered_class(type(layer))
     return ArmedModel(tables, tuple(armed))

@@ -59,7 +59,8 @@ def test_admit_writes_one_request_row_and_holds_its_slots(rig):
                              {"id": "v", "layer": 3, "scale": -1.0}), prompt_len=5)
     router.commit()
     row = router.active["r1"].row
-    assert tables.route[row, 1, 0].tolist() == [1, 0, 5] and tables.coef[row, 1].tolist() == [2.0, -1.0]
+    assert tables.route[row, 1, :, :3].tolist() == [[1, 0, 5], [1, 0, 2**31 - 1]]
+    assert tables.route[row, 1, :, 3].view(torch.float32).tolist() == [2.0, -1.0]
     assert tables.route[row, 0].abs().sum() == 0  # layer 1 untouched
     assert registry.inflight[0] == 1 and counters.counts["steered_requests"] == 1
     router.finish(["r1"])
@@ -106,8 +107,7 @@ def test_route_maps_tokens_to_rows_and_clears_what_it_no_longer_uses(rig):
         """The request row each token's per-token copy matches (0 = the null row)."""
         out = []
         for t in range(6):
-            hits = [r for r in range(REQUESTS + 1) if torch.equal(tables.tok_route[:, t], tables.route[r])
-                    and torch.equal(tables.tok_coef[:, t], tables.coef[r])]
+            hits = [r for r in range(REQUESTS + 1) if torch.equal(tables.tok_route[t], tables.route[r])]
             out.append(0 if 0 in hits else hits[0])
         return out
 
@@ -117,7 +117,7 @@ def test_route_maps_tokens_to_rows_and_clears_what_it_no_longer_uses(rig):
     assert token_rows() == [row, 0, 0, 0, 0, 0]
     router.finish(["s"])
     router.route(["u"], np.array([4]))
-    assert tables.tok_route.abs().sum() == 0 and tables.tok_coef.abs().sum() == 0
+    assert tables.tok_route.abs().sum() == 0
 
 
 def test_reused_row_with_the_same_token_map_is_copied_again(rig):
@@ -134,8 +134,8 @@ def test_reused_row_with_the_same_token_map_is_copied_again(rig):
     assert router.active["b"].row == row
     router.commit()
     router.route(["b"], np.array([3]))
-    assert torch.equal(tables.tok_coef[:, :3], tables.coef[row][:, None].expand(-1, 3, -1))
-    assert tables.tok_coef[:, :3].min() == -3.0
+    assert torch.equal(tables.tok_route[:3], tables.route[row].expand(3, -1, -1, -1))
+    assert tables.tok_route[:3, ..., 3].view(torch.float32).min() == -3.0
 
 
 def test_retirement_is_acked_only_with_current_refs(rig):
@@ -194,5 +194,5 @@ def test_host_path_only_enqueues_work_behind_a_busy_gpu(tmp_path):
     busy = time.perf_counter() - t0
     assert busy > 0.3 and host < busy / 10, (host, busy)
     assert torch.equal(tables.bank[3].cpu(), torch.from_numpy(row * 2))
-    assert tables.tok_route[1, :5, 0].tolist() == [[0, 0, 0], [0, 0, 0], *[[3, 0, 2**31 - 1]] * 3]
-    assert tables.tok_coef[1, :5, 0].tolist() == [0, 0, 2.0, 2.0, 2.0]
+    assert tables.tok_route[:5, 1, 0, :3].tolist() == [[0, 0, 0], [0, 0, 0], *[[3, 0, 2**31 - 1]] * 3]
+    assert tables.tok_route[:5, 1, 0, 3].view(torch.float32).tolist() == [0, 0, 2.0, 2.0, 2.0]

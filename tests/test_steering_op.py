@@ -9,8 +9,14 @@ from torch import nn
 
 from hotwire.engine_plugin.steer_op import reference
 from hotwire.engine_plugin.steering import SteeringTables, arm, decoder_layers
+from hotwire.shared.spec import NO_END
 
 H = 16
+
+
+def _entry(row: int, lo: int, hi: int, scale: float) -> torch.Tensor:
+    """One routing entry: (bank row, lo, hi, the scale's float32 bits)."""
+    return torch.tensor([row, lo, hi, torch.tensor(scale).view(torch.int32).item()], dtype=torch.int32)
 
 
 def _tables(requests=4, entries=2, armed=2):
@@ -25,20 +31,19 @@ def test_unsteered_tokens_are_returned_bit_for_bit():
     t = _tables()
     x = torch.randn(5, H)
     x[0, :3] = torch.tensor([-0.0, 0.0, 1e-38])  # signed zeros and denormals survive too
-    out = t(x, torch.arange(5), *t.layer(0))
+    out = t(x, torch.arange(5), t.layer(0))
     assert torch.equal(out, x) and torch.equal(torch.signbit(out), torch.signbit(x))
 
 
 def test_entries_add_scaled_rows_on_their_positions_only():
     t = _tables()
     # request row 1: layer-position 0 has two entries: bank row 3 on all positions, bank row 5 on [2, 4)
-    t.route[1, 0, 0] = torch.tensor([3, 0, 2**31 - 1], dtype=torch.int32)
-    t.route[1, 0, 1] = torch.tensor([5, 2, 4], dtype=torch.int32)
-    t.coef[1, 0] = torch.tensor([1.5, -2.0])
+    t.route[1, 0, 0] = _entry(3, 0, NO_END, 1.5)
+    t.route[1, 0, 1] = _entry(5, 2, 4, -2.0)
     t.tok_row[:6] = torch.tensor([0, 1, 1, 1, 1, 0], dtype=torch.int32)  # tokens 1-4 belong to request row 1
     t.load_tokens(6)
     x, pos = torch.randn(6, H), torch.tensor([9, 0, 1, 2, 3, 4])
-    out = t(x, pos, *t.layer(0))
+    out = t(x, pos, t.layer(0))
     want = x.clone()
     for tok in range(1, 5):
         want[tok] += 1.5 * t.bank[3]
@@ -46,42 +51,27 @@ def test_entries_add_scaled_rows_on_their_positions_only():
             want[tok] += -2.0 * t.bank[5]
     torch.testing.assert_close(out, want, rtol=0, atol=1e-6)
     assert torch.equal(out[0], x[0]) and torch.equal(out[5], x[5])
-    assert torch.equal(t(x, pos, *t.layer(1)), x)  # the other armed layer has no entries
+    assert torch.equal(t(x, pos, t.layer(1)), x)  # the other armed layer has no entries
 
 
 def test_steered_request_keeps_its_bits_outside_its_window():
     t = _tables()
-    t.route[1, 0, 0] = torch.tensor([3, 100, 200], dtype=torch.int32)  # a window no token is in
-    t.coef[1, 0, 0] = 2.0
+    t.route[1, 0, 0] = _entry(3, 100, 200, 2.0)  # a window no token is in
     t.tok_row[:4] = 1
     t.load_tokens(4)
     x = torch.randn(4, H).to(torch.bfloat16)
     x[0, :2] = torch.tensor([-0.0, 0.0])
-    out = t.to(torch.bfloat16)(x, torch.arange(4), *t.layer(0))
+    out = t.to(torch.bfloat16)(x, torch.arange(4), t.layer(0))
     assert torch.equal(out.view(torch.int16), x.view(torch.int16))  # every bit, signed zeros included
-
-
-def test_load_tokens_nulls_the_stale_tail():
-    t = _tables()
-    t.route[1, 0, 0] = torch.tensor([3, 0, 2**31 - 1], dtype=torch.int32)
-    t.coef[1, 0, 0] = 1.0
-    t.tok_row[:4] = 1
-    t.load_tokens(4)
-    x = torch.randn(4, H)
-    assert not torch.equal(t(x, torch.arange(4), *t.layer(0))[3], x[3])
-    t.load_tokens(2, stale=4)  # the batch shrank to two tokens
-    assert torch.equal(t(x, torch.arange(4), *t.layer(0))[2:], x[2:])
-    assert t.tok_route[:, 2:4].abs().sum() == 0 and t.tok_coef[:, 2:4].abs().sum() == 0
 
 
 def test_mrope_positions_use_the_first_row():
     t = _tables()
-    t.route[1, 0, 0] = torch.tensor([2, 3, 4], dtype=torch.int32)
-    t.coef[1, 0, 0] = 1.0
+    t.route[1, 0, 0] = _entry(2, 3, 4, 1.0)
     t.tok_row[:2] = 1
     t.load_tokens(2)
     x = torch.zeros(2, H)
-    out = t(x, torch.tensor([[3, 4], [0, 0], [0, 0]]), *t.layer(0))
+    out = t(x, torch.tensor([[3, 4], [0, 0], [0, 0]]), t.layer(0))
     assert torch.equal(out[0], t.bank[2]) and torch.equal(out[1], x[1])
 
 
@@ -111,8 +101,7 @@ def test_arm_wraps_only_chosen_layers_and_keeps_names():
     assert armed.layers == (2,) and armed.position(2) == 0 and armed.position(0) is None
     assert [n for n, _ in model.named_parameters()] == names
     assert isinstance(model.layers[2], QwenishDecoderLayer) and type(model.layers[0]) is QwenishDecoderLayer
-    t.route[1, 0, 0] = torch.tensor([1, 0, 2**31 - 1], dtype=torch.int32)
-    t.coef[1, 0, 0] = 2.0
+    t.route[1, 0, 0] = _entry(1, 0, NO_END, 2.0)
     t.tok_row[:3] = 1
     t.load_tokens(3)
     x, pos = torch.randn(3, H), torch.arange(3)
@@ -140,8 +129,7 @@ def test_only_layers_taking_positions_are_found_and_positions_are_read_by_name()
     assert sorted(found) == [1, 2]
     t = _tables(armed=1)
     arm(found, [1], t)
-    t.route[1, 0, 0] = torch.tensor([1, 2, 3], dtype=torch.int32)  # slot 1 on positions [2, 3)
-    t.coef[1, 0, 0] = 1.0
+    t.route[1, 0, 0] = _entry(1, 2, 3, 1.0)  # slot 1 on positions [2, 3)
     t.tok_row[:3] = 1
     t.load_tokens(3)
     x, pos = torch.randn(3, H), torch.tensor([0, 1, 2])
@@ -178,40 +166,41 @@ def test_armed_layers_trace_to_one_graph():
 
 
 def _random_tables(n, h, dtype, device, armed=3, entries=4, slots=6, seed=0):
-    """Random bank and routing for ``n`` tokens; about half the entries are on, a fifth of tokens none."""
+    """Random bank and per-token routing ``[n, armed, entries, 4]`` for ``n`` tokens; about half
+    the entries are on, a fifth of tokens none."""
     g = torch.Generator().manual_seed(seed)
     bank = torch.randn(slots + 1, h, generator=g).to(dtype)
     bank[0] = 0
     lo = torch.randint(0, 40, (n, armed, entries), generator=g)
     hi = lo + torch.randint(0, 40, (n, armed, entries), generator=g)
     rows = torch.randint(1, slots + 1, (n, armed, entries), generator=g)
-    route = torch.stack([rows, lo, hi], -1).to(torch.int32)
+    scale = torch.randn(n, armed, entries, generator=g).view(torch.int32)
+    route = torch.stack([rows.int(), lo.int(), hi.int(), scale], -1)
     route[torch.rand(n, generator=g) < 0.2] = 0  # tokens of unsteered requests: the null row
-    route[-1, :, 0] = torch.tensor([1, 0, 2**31 - 1], dtype=torch.int32)  # the last token: always on
+    route[-1, :, 0] = _entry(1, 0, NO_END, 0.5)  # the last token: always on
     if n > 1:
         route[0] = 0  # the first: never on (x[0] holds signed zeros)
-    coef = torch.randn(n, armed, entries, generator=g)
     pos = torch.randint(0, 80, (n,), generator=g)
     x = torch.randn(n, h, generator=g).to(dtype)
     x[0, :2] = torch.tensor([-0.0, 0.0], dtype=dtype)
-    return [t.to(device) for t in (x, pos, bank, route, coef)]
+    return [t.to(device) for t in (x, pos, bank, route)]
 
 
 def test_op_registration_is_consistent_with_its_fake():
-    x, pos, bank, route, coef = _random_tables(9, H, torch.float32, "cpu")
-    args = (x, pos, bank, route[:, 1].contiguous(), coef[:, 1].contiguous())
+    x, pos, bank, route = _random_tables(9, H, torch.float32, "cpu")
+    args = (x, pos, bank, route[:, 1])  # a layer's strided view, as the armed layers pass it
     torch.library.opcheck(torch.ops.hotwire.steer.default, args)
     assert torch.equal(torch.ops.hotwire.steer(*args), reference(*args))
+    assert not torch.equal(reference(*args)[-1], x[-1])
 
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16, torch.float32])
 @pytest.mark.parametrize("n,h", [(1, 1024), (7, 1000), (300, 4096)])
 def test_triton_kernel_matches_the_reference(n, h, dtype):
-    args = _random_tables(n, h, dtype, "cuda", seed=n)
-    x, pos, _, route, _ = args
+    x, pos, bank, route = _random_tables(n, h, dtype, "cuda", seed=n)
     for layer in range(route.shape[1]):
-        at = [*args[:3], args[3][:, layer].contiguous(), args[4][:, layer].contiguous()]
+        at = (x, pos, bank, route[:, layer])  # strided, as in the engine
         got = torch.ops.hotwire.steer(*at)
         want = reference(*[a.cpu() for a in at])
         off = ~((pos[:, None] >= route[:, layer, :, 1]) & (pos[:, None] < route[:, layer, :, 2])).any(1)
@@ -219,7 +208,7 @@ def test_triton_kernel_matches_the_reference(n, h, dtype):
         # tokens with no entry on: every bit of x, signed zeros included
         assert torch.equal(got[off].cpu().view(torch.uint8), x[off].cpu().view(torch.uint8))
         torch.testing.assert_close(got.cpu(), want, rtol=1e-2 if dtype != torch.float32 else 1e-5, atol=1e-2)
-        torch.library.opcheck(torch.ops.hotwire.steer.default, tuple(at))
+        torch.library.opcheck(torch.ops.hotwire.steer.default, at)
 
 
 @pytest.mark.parametrize("spec,want", [("all", [0, 1, 2, 3]), ("1,3", [1, 3]), ("0-2", [0, 1, 2]),
