@@ -150,30 +150,28 @@ class Steerer:
             with self.sync.lock:
                 if not self.sync.paused:
                     self.sync.apply()
-                if self._admit(new, finished):
+                self._admit(new, finished)
+                if self.router.refs_dirty:  # a steered request arrived or left
                     self.sync.publish_refs()
+                    self.router.refs_dirty = False
         self.counters.host_ns += time.perf_counter_ns() - t
 
     def capturing(self):
         """Context for CUDA-graph capture: no bank writes from any thread meanwhile."""
         return self.sync.pause() if self.sync is not None else contextlib.nullcontext()
 
-    def _admit(self, new: list, finished: set) -> bool:
+    def _admit(self, new: list, finished: set) -> None:
         if not (new or finished):
-            return False
+            return
         self.router.finish(finished)
         for req in new:
             sp = req.sampling_params
             prompt_len = len(req.prompt_token_ids) if req.prompt_token_ids is not None else 0
             self.router.admit(req.req_id, sp.extra_args if sp is not None else None, prompt_len)
-        with torch.inference_mode():
-            self.router.commit()
-        return True
 
     def on_batch(self, req_ids: list[str], num_tokens: np.ndarray) -> None:
         t = time.perf_counter_ns()
-        with torch.inference_mode():
-            self.router.route(req_ids, num_tokens)
+        self.router.route(req_ids, num_tokens)
         self.counters.steps += 1
         self.counters.host_ns += time.perf_counter_ns() - t
 

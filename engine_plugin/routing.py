@@ -15,6 +15,7 @@ from itertools import repeat
 from typing import Any
 
 import numpy as np
+import torch
 
 from hotwire.shared.spec import SpecError, SteerEntry, parse_spec, spec_from_extra_args
 
@@ -38,6 +39,7 @@ class Router:
         self._ids: list[str] = []  # the last step's batch, to skip unchanged decode steps
         self._counts = np.zeros(0, dtype=np.int32)
         self._dirty = False  # a request arrived or left since the last route()
+        self.refs_dirty = False  # slot references changed since the owner last published them
         self._rows_written = False  # commit() changed request rows since the last per-token copy
         self.active: dict[str, _Steered] = {}
         self._row_of: dict[str, int] = {}  # active[r].row, looked up per step without Python calls
@@ -67,6 +69,7 @@ class Router:
         self._row_of[req_id] = row
         self._dirty = True
         self.registry.hold(slots)
+        self.refs_dirty = True
         self._staged.append((row, route))
         self.counters.add("steered_requests")
 
@@ -77,7 +80,7 @@ class Router:
                 del self._row_of[req_id]
                 self.registry.release(st.slots)
                 self._free.append(st.row)
-                self._dirty = True
+                self._dirty = self.refs_dirty = True
 
     def _resolve(self, entries: tuple[SteerEntry, ...], prompt_len: int):
         n_armed = len(self.armed.layers)
@@ -101,8 +104,10 @@ class Router:
             slots.append(slot)
         return route, tuple(set(slots))
 
+    @torch.inference_mode()
     def commit(self) -> None:
-        """Write the rows of requests admitted since the last commit, in one ``index_copy_``."""
+        """Write the rows of requests admitted since the last commit, in one ``index_copy_``
+        (:meth:`route` does, before it gathers)."""
         if not self._staged:
             return
         rows, route = zip(*self._staged)
@@ -121,6 +126,8 @@ class Router:
         """
         if not self._dirty and req_ids == self._ids and np.array_equal(num_tokens, self._counts):
             return
+        if self._staged:
+            self.commit()
         self._ids, self._counts, self._dirty = list(req_ids), np.array(num_tokens), False
         if self.active:
             rows = np.fromiter(map(self._row_of.get, req_ids, repeat(0)), np.int32, len(req_ids))
@@ -131,7 +138,10 @@ class Router:
             return
         n = max(len(tok), len(self._tok))  # the last step's tokens past this one's get the null row
         if n:
-            padded = tok if n == len(tok) else np.concatenate((tok, np.zeros(n - len(tok), np.int32)))
-            copy_into(self.tables.tok_row[:n], padded)
-            self.tables.load_tokens(n)
+            self._upload(tok if n == len(tok) else np.concatenate((tok, np.zeros(n - len(tok), np.int32))))
         self._tok, self._rows_written = tok, False
+
+    @torch.inference_mode()
+    def _upload(self, tok: np.ndarray) -> None:
+        copy_into(self.tables.tok_row[: len(tok)], tok)
+        self.tables.load_tokens(len(tok))
