@@ -15,6 +15,7 @@ short stable code used as a metric label. Callers run such requests unsteered.
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import json
 import math
@@ -101,10 +102,24 @@ def parse_spec(raw: Any) -> tuple[SteerEntry, ...]:
     An empty list means "not steered" and parses to ``()``.
     """
     if isinstance(raw, (str, bytes)):
-        try:
-            raw = json.loads(raw)
-        except (ValueError, RecursionError) as e:
-            raise SpecError("malformed", f"not JSON: {e}") from None
+        return _parse_text(raw)
+    return _parse_items(raw)
+
+
+@functools.lru_cache(maxsize=4096)
+def _parse_text(raw: str | bytes) -> tuple[SteerEntry, ...]:
+    """JSON text, the form the OpenAI server forwards. Parsed once per distinct text: a deployment
+    steers with a handful of specs, each request's is parsed twice (prefix-cache salt, routing) on
+    the engine's threads, and the entries are frozen, so sharing them is safe. Refusals are not
+    cached (an exception is never stored)."""
+    try:
+        items = json.loads(raw)
+    except (ValueError, RecursionError) as e:
+        raise SpecError("malformed", f"not JSON: {e}") from None
+    return _parse_items(items)
+
+
+def _parse_items(raw: Any) -> tuple[SteerEntry, ...]:
     items = raw if isinstance(raw, list) else [raw]
     if len(items) > MAX_ENTRIES:
         raise SpecError("too_many_entries", f"{len(items)} entries, at most {MAX_ENTRIES}")

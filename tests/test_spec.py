@@ -56,6 +56,16 @@ def test_too_many_entries():
     assert err.value.reason == "too_many_entries"
 
 
+def test_spec_text_is_parsed_once_and_refusals_every_time():
+    text = '[{"id": "x", "layer": 2, "scale": 0.25}, {"id": "y", "layer": 3}]'
+    first = parse_spec(text)
+    assert parse_spec(text) is first  # the engine parses each request's spec twice, per request
+    assert parse_spec(json.loads(text)) == first and parse_spec(json.loads(text)) is not first
+    for _ in range(2):  # a refused spec is refused again, not remembered as anything
+        with pytest.raises(SpecError):
+            parse_spec('{"id": "x", "layer": -1}')
+
+
 def test_empty_list_is_not_steered():
     assert parse_spec("[]") == ()
 
