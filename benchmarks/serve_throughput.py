@@ -67,11 +67,13 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import itertools
 import json
 import math
 import multiprocessing
 import os
 import platform
+import shutil
 import signal
 import socket
 import statistics
@@ -127,15 +129,15 @@ class Server:
         flags = []
         for key, value in self.engine.items():
             flags += [f"--{key.replace('_', '-')}"] + ([] if value is True else [str(value)])
-        argv = [sys.executable, "-m", "vllm.entrypoints.openai.api_server", "--model", str(self.model),
+        pin = [] if self.cpus is None else ["taskset", "-c", ",".join(map(str, self.cpus))]
+        argv = [*pin, sys.executable, "-m", "vllm.entrypoints.openai.api_server", "--model", str(self.model),
                 "--served-model-name", SERVED, "--host", "127.0.0.1", "--port", str(self.port),
                 "--disable-uvicorn-access-log", *flags]
         with open(self.log, "w") as log:
             log.write(" ".join(argv) + "\n")
             log.flush()
-            pin = None if self.cpus is None else (lambda: os.sched_setaffinity(0, self.cpus))
             self.proc = subprocess.Popen(argv, env=self.env, stdin=subprocess.DEVNULL, stdout=log,
-                                         stderr=subprocess.STDOUT, start_new_session=True, preexec_fn=pin)
+                                         stderr=subprocess.STDOUT, start_new_session=True)
 
     def died(self) -> str | None:
         if self.proc.poll() is None:
@@ -212,7 +214,9 @@ def _stop(servers: list[Server]) -> None:
 
 def _cpu_plan(n_servers: int, clients: int) -> tuple[list[list[int]], list[int]] | None:
     """Disjoint CPU sets: ``SERVER_CORES`` physical cores (hyperthread siblings together) for each
-    server, the rest for the load generator; None when the CPUs this process may use are too few.
+    server, the rest for the load generator; None when the CPUs this process may use are too few
+    or there is no ``taskset`` to start a server on its set (it execs the server, so the API server
+    keeps its pid and every process it starts inherits the set).
 
     Why: a host-bound server's step time follows the core its engine thread lands on; with every
     process free to move, a neighbour on the sibling hyperthread moved whole rounds by 10-20 %.
@@ -227,10 +231,11 @@ def _cpu_plan(n_servers: int, clients: int) -> tuple[list[list[int]], list[int]]
         cores.setdefault(siblings, []).append(cpu)
     whole = sorted(cores.values(), key=len, reverse=True)  # servers first get cores with every sibling
     take = n_servers * SERVER_CORES
-    if len(whole) < take + clients:
+    if len(whole) < take + clients or shutil.which("taskset") is None:
         return None
-    servers = [sum(whole[i * SERVER_CORES:(i + 1) * SERVER_CORES], []) for i in range(n_servers)]
-    return servers, sorted(sum(whole[take:], []))
+    flat = itertools.chain.from_iterable
+    servers = [list(flat(whole[i * SERVER_CORES:(i + 1) * SERVER_CORES])) for i in range(n_servers)]
+    return servers, sorted(flat(whole[take:]))
 
 
 def _free_port() -> int:
@@ -418,8 +423,8 @@ def _verdict(ci: list[float]) -> str:
 def _markdown(rows: list[dict], names: list[str]) -> str:
     head = ["concurrency", "rounds"] + [f"{n} tok/s" for n in names] + \
            [f"{n}/plugin_free (min-max) [95 % CI]" for n in names[1:]] + [f"p50 latency s {'/'.join(names)}"]
-    out = ["output tokens/s, median over rounds; ratios: median of per-round ratios, with their range "
-           "and a bootstrap 95 % interval of the median", "",
+    out = [("output tokens/s, median over rounds; ratios: median of per-round ratios, with their range "
+            "and a bootstrap 95 % interval of the median"), "",
            "| " + " | ".join(head) + " |", "|" + " --- |" * len(head)]
     for r in rows:
         cells = [str(r["concurrency"]), str(r["rounds"])] + [f"{r[f'{n}_tokens_per_s']:g}" for n in names] + \
@@ -428,8 +433,8 @@ def _markdown(rows: list[dict], names: list[str]) -> str:
                  f"{r[f'{n}_over_plugin_free_ci95'][1]:.3f}]" for n in names[1:]] + \
                 ["/".join(f"{r[f'{n}_latency_p50_s']:.3f}" for n in names)]
         out.append("| " + " | ".join(cells) + " |")
-    out += ["", "where a round's time goes, medians: engine steps, wall ms per step, hotwire's host work on the "
-            "engine's step thread (% of the round), CPU s per server process, CPU s of all client processes", "",
+    out += ["", ("where a round's time goes, medians: engine steps, wall ms per step, hotwire's host work on the "
+                 "engine's step thread (% of the round), CPU s per server process, CPU s of all client processes"), "",
             "| concurrency | server | steps | ms/step | hotwire host % | server CPU s | client CPU s |",
             "|" + " --- |" * 7]
     for r in rows:
