@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Every GPU figure and check of hotwire, as run on the lent H200 (vLLM 0.25.1 offline bundle,
-# ../shared/device/README.md). Four stages, each sized for one 10-minute device call:
+# ../shared/device/README.md). Four stages, each sized for one 10-minute device call, or all of
+# them in one go on a GPU box of your own:
 #
 #   bash benchmarks/h200.sh checks OUTDIR   # op kernel, GPU suite (both runners), e2e operator flow,
 #                                           # determinism control
@@ -8,7 +9,9 @@
 #   bash benchmarks/h200.sh perf   OUTDIR [SHAPE...]  # kernel time per decode step / prefill: plugin-free,
 #                                           # armed on all layers, armed on two (0.6B: + eager)
 #   bash benchmarks/h200.sh serve  OUTDIR [C...]  # host work per step; served tokens/s at C in flight
-#                                           # (default 64; 256 in a call of its own): plugin-free, all armed, two armed
+#                                           # (default 64 256): plugin-free, all armed, two armed
+#   bash benchmarks/h200.sh all    OUTDIR   # the four stages one after another (0.6B, 4B, 8B; 64, 256 in
+#                                           # flight), then the tables and OUTDIR/step-time.png (~35 min)
 #
 # On a two-GPU box two stages run at once, one per GPU, e.g.
 #   CUDA_VISIBLE_DEVICES=0 bash benchmarks/h200.sh checks OUT & CUDA_VISIBLE_DEVICES=1 bash benchmarks/h200.sh matrix OUT
@@ -16,7 +19,12 @@
 # Every job has a time limit (HOTWIRE_JOB_LIMIT s, per shape in perf), writes its log to
 # OUTDIR/logs and its results to OUTDIR; what finished survives a stage cut short.
 set -u
-stage=$1 out=$2
+stage=${1:-} out=${2:-}
+case $stage in
+  checks|matrix|perf|serve|all) [ -n "$out" ] ;;
+  *) false ;;
+esac || { echo "usage: $0 checks|matrix|perf|serve|all OUTDIR [ARGS...]" >&2; exit 2; }
+shift 2
 mkdir -p "$out/logs"
 limit=${HOTWIRE_JOB_LIMIT:-540}
 job() {  # job NAME CMD...: run in the background with the time limit, log + exit status to OUTDIR/logs
@@ -24,53 +32,64 @@ job() {  # job NAME CMD...: run in the background with the time limit, log + exi
   ( timeout -s INT -k 20 "$limit" "$@" >"$out/logs/$name.log" 2>&1; echo "exit status $?" >>"$out/logs/$name.log" ) &
 }
 export PYTHONUNBUFFERED=1
-case $stage in
-  checks)
-    job op python3 -m pytest -m gpu tests/test_steering_op.py --basetemp /tmp/pt-op -p no:cacheprovider -rA
-    job gpu-v2 python3 -m pytest -m gpu tests/test_gpu.py -k v2 --basetemp /tmp/pt-gpu-v2 -p no:cacheprovider -rA
-    job gpu-v1 python3 -m pytest -m gpu tests/test_gpu.py -k v1 --basetemp /tmp/pt-gpu-v1 -p no:cacheprovider -rA
-    # batch-invariant kernels: the e2e tests compare a request in flight with the same request alone
-    job e2e env HOTWIRE_E2E_GPU=1 VLLM_BATCH_INVARIANT=1 python3 -m pytest tests/test_e2e_serve.py \
-      --basetemp /tmp/pt-e2e -p no:cacheprovider -rA
-    # control: two plugin-free engines on the e2e model (hidden 128), each compiling cold
-    python3 -c "from hotwire.engine_plugin.tiny_model import build_tiny; build_tiny('/tmp/hw-tiny')"
-    ea='{"dtype": "bfloat16", "attention_backend": "TRITON_ATTN", "gpu_memory_utilization": 0.05,
-         "kv_cache_memory_bytes": 536870912}'
-    job determinism python3 benchmarks/determinism.py --model /tmp/hw-tiny --out "$out/determinism-tiny.json" \
-      --engine-args "$ea"
-    # the same with reduction configs chosen by rule, as the GPU tests run their engines
-    job determinism-filtered env TORCHINDUCTOR_FORCE_FILTER_REDUCTION_CONFIGS=1 python3 benchmarks/determinism.py \
-      --model /tmp/hw-tiny --out "$out/determinism-tiny-filtered.json" --engine-args "$ea"
-    ;;
-  matrix)
-    job arch python3 benchmarks/arch_matrix.py --jobs 12 --timeout 500 --out "$out/arch-matrix"
-    ;;
-  perf)  # perf OUTDIR [SHAPE...]: one engine at a time (a neighbour's start-up disturbs kernel times);
+
+checks() {
+  job op python3 -m pytest -m gpu tests/test_steering_op.py tests/test_routing.py --basetemp /tmp/pt-op \
+    -p no:cacheprovider -rA
+  job gpu-v2 python3 -m pytest -m gpu tests/test_gpu.py -k v2 --basetemp /tmp/pt-gpu-v2 -p no:cacheprovider -rA
+  job gpu-v1 python3 -m pytest -m gpu tests/test_gpu.py -k v1 --basetemp /tmp/pt-gpu-v1 -p no:cacheprovider -rA
+  # batch-invariant kernels: the e2e tests compare a request in flight with the same request alone
+  job e2e env HOTWIRE_E2E_GPU=1 VLLM_BATCH_INVARIANT=1 python3 -m pytest tests/test_e2e_serve.py \
+    --basetemp /tmp/pt-e2e -p no:cacheprovider -rA
+  # control: two plugin-free engines on the e2e model (hidden 128), each compiling cold
+  python3 -c "from hotwire.engine_plugin.tiny_model import build_tiny; build_tiny('/tmp/hw-tiny')"
+  local ea='{"dtype": "bfloat16", "attention_backend": "TRITON_ATTN", "gpu_memory_utilization": 0.05,
+            "kv_cache_memory_bytes": 536870912}'
+  job determinism python3 benchmarks/determinism.py --model /tmp/hw-tiny --out "$out/determinism-tiny.json" \
+    --engine-args "$ea"
+  # the same with reduction configs chosen by rule, as the GPU tests run their engines
+  job determinism-filtered env TORCHINDUCTOR_FORCE_FILTER_REDUCTION_CONFIGS=1 python3 benchmarks/determinism.py \
+    --model /tmp/hw-tiny --out "$out/determinism-tiny-filtered.json" --engine-args "$ea"
+  wait
+}
+
+matrix() {
+  job arch python3 benchmarks/arch_matrix.py --jobs 12 --timeout 500 --out "$out/arch-matrix"
+  wait
+}
+
+perf() {  # perf [SHAPE...]: one engine at a time (a neighbour's start-up disturbs kernel times);
           # about 5 min per shape, so one or two shapes per call
-    shift 2
-    for shape in "${@:-qwen3-0.6b}"; do
-      kinds="plugin_free hotwire hotwire_2"
-      [ "$shape" = qwen3-0.6b ] && kinds="$kinds eager"
-      job "kt-$shape" python3 benchmarks/kernel_time.py --shape "$shape" --processes $kinds --repeats 1 \
-        --steps 32 --parallel 1 --out "$out/kernel-time-$shape.json"
-      wait
-    done
-    ;;
-  serve)  # serve OUTDIR [CONCURRENCY...]: host work, then one served run per concurrency (default 64),
-          # each with its own three servers (plugin-free, all layers armed, two armed), ~4-6 min
-    shift 2
-    job host python3 benchmarks/host_overhead.py --repeat 300 --out "$out/host-overhead.json"
+  local shape kinds
+  for shape in "${@:-qwen3-0.6b}"; do
+    kinds="plugin_free hotwire hotwire_2"
+    [ "$shape" = qwen3-0.6b ] && kinds="$kinds eager"
+    job "kt-$shape" python3 benchmarks/kernel_time.py --shape "$shape" --processes $kinds --repeats 1 \
+      --steps 32 --parallel 1 --out "$out/kernel-time-$shape.json"
     wait
-    for c in "${@:-64}"; do
-      # long rounds: at 2 requests per client a round took 1.3-1.8 s, and that measured the host;
-      # at 256 in flight a server round takes ~40 s at 8 per client
-      per=8 rounds=5
-      [ "$c" -ge 256 ] && per=4 rounds=3
-      job "serve-c$c" python3 benchmarks/serve_throughput.py --shape qwen3-0.6b --concurrency "$c" \
-        --requests-per-client $per --rounds $rounds --out "$out/serve-qwen3-0.6b-c$c.json"
-      wait
-    done
-    ;;
-  *) echo "usage: $0 checks|matrix|perf|serve OUTDIR [ARGS...]" >&2; exit 2 ;;
-esac
-wait
+  done
+}
+
+serve() {  # serve [CONCURRENCY...]: host work, then one served run over the concurrencies with three
+           # servers (plugin-free, all layers armed, two armed); ~6 min for 64 and 256 (session 6:
+           # start-up ~2 min, a round of the three servers ~6 s at 64 and ~15 s at 256)
+  local cs=("$@")
+  [ ${#cs[@]} -eq 0 ] && cs=(64 256)
+  job host python3 benchmarks/host_overhead.py --repeat 300 --out "$out/host-overhead.json"
+  wait
+  job serve python3 benchmarks/serve_throughput.py --shape qwen3-0.6b --concurrency "${cs[@]}" \
+    --requests-per-client 4 --rounds 8 --out "$out/serve-qwen3-0.6b.json"
+  wait
+}
+
+if [ "$stage" = all ]; then
+  limit=${HOTWIRE_JOB_LIMIT:-1800}
+  checks; matrix; perf qwen3-0.6b qwen3-4b qwen3-8b; serve 64 256
+  shopt -s nullglob
+  for f in "$out"/kernel-time-*.json; do python3 benchmarks/kernel_time.py --report --out "$f"; done \
+    >"$out/kernel-time-tables.md"
+  python3 benchmarks/plot.py "$out"/kernel-time-*.json --out "$out/step-time.png" \
+    || echo "no plot: benchmarks/plot.py needs matplotlib" >&2
+else
+  "$stage" "$@"
+fi

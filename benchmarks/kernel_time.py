@@ -223,6 +223,10 @@ def _run_child(work: Path, tag: str, process: str, common: dict) -> dict:
     env = {k: v for k, v in os.environ.items() if not k.startswith("HOTWIRE_") and k != "VLLM_PLUGINS"}
     env.update(VLLM_ENABLE_V1_MULTIPROCESSING="0", HOTWIRE_MAILBOX=str(work / f"{tag}.mbx"),
                HOTWIRE_VECTORS=str(work / "vectors"))
+    # Inductor picks a reduction kernel's config by timing it at compile time, so the same norm
+    # kernel could get another config in each process (seen: +10-18 us per step in one process).
+    # Its heuristic pick is the same in every process: the processes then differ by the op alone.
+    env.setdefault("TORCHINDUCTOR_FORCE_FILTER_REDUCTION_CONFIGS", "1")
     if not PROCESSES[process][0]:
         env["VLLM_PLUGINS"] = "none"  # vLLM loads no general plugin: a plugin-free engine
     if process == "hotwire_2":

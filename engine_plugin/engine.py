@@ -151,9 +151,7 @@ class Steerer:
                 if not self.sync.paused:
                     self.sync.apply()
                 self._admit(new, finished)
-                if self.router.refs_dirty:  # a steered request arrived or left
-                    self.sync.publish_refs()
-                    self.router.refs_dirty = False
+                self.sync.publish_changed_refs()
         self.counters.host_ns += time.perf_counter_ns() - t
 
     def capturing(self):

@@ -21,6 +21,7 @@ class Registry:
         self.versions: dict[str, int] = {}  # vector id -> registration generation
         self.inflight = np.zeros(n_slots, dtype=np.uint32)  # steered requests holding each slot
         self.last_used_ns = np.zeros(n_slots, dtype=np.uint64)
+        self.refs_changed = False  # hold/release since the references were last published
 
     def bind(self, slot: int, vector_id: str, layer: int, gen: int) -> None:
         self.unbind(slot)
@@ -45,12 +46,14 @@ class Registry:
         for s in slots:
             self.inflight[s] += 1
             self.last_used_ns[s] = now
+        self.refs_changed = True
 
     def release(self, slots: tuple[int, ...]) -> None:
         now = time.time_ns()
         for s in slots:
             self.inflight[s] -= 1
             self.last_used_ns[s] = now
+        self.refs_changed = True
 
     def bound(self) -> dict[tuple[str, int], int]:
         return dict(self._where)

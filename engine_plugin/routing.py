@@ -39,7 +39,6 @@ class Router:
         self._ids: list[str] = []  # the last step's batch, to skip unchanged decode steps
         self._counts = np.zeros(0, dtype=np.int32)
         self._dirty = False  # a request arrived or left since the last route()
-        self.refs_dirty = False  # slot references changed since the owner last published them
         self._rows_written = False  # commit() changed request rows since the last per-token copy
         self.active: dict[str, _Steered] = {}
         self._row_of: dict[str, int] = {}  # active[r].row, looked up per step without Python calls
@@ -69,7 +68,6 @@ class Router:
         self._row_of[req_id] = row
         self._dirty = True
         self.registry.hold(slots)
-        self.refs_dirty = True
         self._staged.append((row, route))
         self.counters.add("steered_requests")
 
@@ -80,7 +78,7 @@ class Router:
                 del self._row_of[req_id]
                 self.registry.release(st.slots)
                 self._free.append(st.row)
-                self._dirty = self.refs_dirty = True
+                self._dirty = True
 
     def _resolve(self, entries: tuple[SteerEntry, ...], prompt_len: int):
         n_armed = len(self.armed.layers)

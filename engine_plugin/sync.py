@@ -84,7 +84,13 @@ class MailboxSync:
                 self._done = target
 
     def publish_refs(self) -> None:
+        self.registry.refs_changed = False
         self.box.publish(None, self.registry.inflight, self.registry.last_used_ns)
+
+    def publish_changed_refs(self) -> None:
+        """Publish references only when a steered request came or went: most steps skip it."""
+        if self.registry.refs_changed:
+            self.publish_refs()
 
     def _beat(self) -> None:
         while not self._stop.wait(HEARTBEAT_S):

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import importlib
 import json
 import os
 import subprocess
@@ -16,7 +17,7 @@ HIDDEN, LAYERS = 128, 4
 
 def _have_vllm() -> bool:
     try:
-        import vllm  # noqa: F401
+        importlib.import_module("vllm")
     except Exception:
         return False
     return True

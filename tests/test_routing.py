@@ -144,13 +144,13 @@ def test_retirement_is_acked_only_with_current_refs(rig):
     control.write(0, "v", ANY_LAYER, np.ones(H, np.float32), gen=1)
     sync.apply()
     router.admit("r", _spec({"id": "v", "layer": 1}), prompt_len=3)
-    sync.publish_refs()
+    sync.publish_changed_refs()
     control.retire(0)
     sync.apply()
     assert control.acked(0) and not control.reusable(0)  # acked, but a request still holds it
     assert registry.resolve("v", 1) is None  # no new request can bind it
     router.finish(["r"])
-    sync.publish_refs()
+    sync.publish_changed_refs()  # as the engine's step does: a request left, so it publishes
     assert control.reusable(0)
 
 
