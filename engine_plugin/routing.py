@@ -80,11 +80,11 @@ class Router:
                 self._free.append(st.row)
                 self._dirty = True
 
-    def _resolve(self, entries: tuple[SteerEntry, ...], prompt_len: int):
-        n_armed = len(self.armed.layers)
-        route = np.zeros((n_armed, self.entries, 4), dtype=np.int32)  # [A, K, (row, lo, hi, scale bits)]
-        used = np.zeros(n_armed, dtype=np.int64)
-        slots = []
+    def _resolve(self, entries: tuple[SteerEntry, ...], prompt_len: int) -> tuple[np.ndarray, tuple[int, ...]]:
+        """The request's row ``[A, K, (row, lo, hi, scale bits)]`` and the distinct slots it uses."""
+        route = np.zeros((len(self.armed.layers), self.entries, 4), dtype=np.int32)
+        used: dict[int, int] = {}  # entries so far per layer position
+        slots = set()
         for e in entries:
             i = self.armed.position(e.layer)
             if i is None:
@@ -93,14 +93,13 @@ class Router:
             slot = self.registry.resolve(e.id, e.layer)
             if slot is None:
                 raise SpecError("unknown_id", f"no vector {e.id!r} for layer {e.layer}")
-            k = used[i]
+            k = used.get(i, 0)
             if k == self.entries:
                 raise SpecError("too_many_entries", f"more than {self.entries} entries on layer {e.layer}")
-            route[i, k, :3] = (slot + 1, *e.span(prompt_len))
-            route[i, k, 3] = np.float32(e.scale).view(np.int32)
-            used[i] += 1
-            slots.append(slot)
-        return route, tuple(set(slots))
+            used[i] = k + 1
+            route[i, k] = (slot + 1, *e.span(prompt_len), e.scale_bits())
+            slots.add(slot)
+        return route, tuple(slots)
 
     @torch.inference_mode()
     def commit(self) -> None:

@@ -87,10 +87,12 @@ class ArmedModel:
     layers: tuple[int, ...]  # decoder-layer indices, in table order
 
     def position(self, layer: int) -> int | None:
-        try:
-            return self.layers.index(layer)
-        except ValueError:
-            return None
+        """The layer's index in the tables, None when it is not armed."""
+        return self._positions.get(layer)
+
+    @functools.cached_property
+    def _positions(self) -> dict[int, int]:
+        return {layer: i for i, layer in enumerate(self.layers)}
 
 
 def decoder_layers(model: nn.Module) -> dict[int, nn.Module]:

@@ -5,7 +5,7 @@ Wire format (compatible with the original hotwire): ``extra_args["hotwire"]`` is
 
     {"id": "tesla_car", "layer": 20, "scale": 1.5, "decode_only": true}
 
-Additions: several entries on one layer add up; ``scale`` is any finite float and costs no
+Additions: several entries on one layer add up; ``scale`` is any float finite in float32 and costs no
 table space; ``positions`` picks tokens: ``"all"`` (default), ``"prompt"``, ``"generated"``
 (same as ``decode_only``) or ``[start, end)`` absolute token positions.
 
@@ -20,6 +20,7 @@ import hashlib
 import json
 import math
 import re
+import struct
 from typing import Any, Literal, Union
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
@@ -30,6 +31,7 @@ ID_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$"
 NO_END = 2**31 - 1  # "until the end of the sequence" as an int32 position bound
 
 _ID_RE = re.compile(ID_PATTERN)
+_F32 = struct.Struct("<f")  # the op computes in float32: a scale is stored as its float32 bits
 
 Positions = Union[Literal["all", "prompt", "generated"], tuple[int, int]]
 
@@ -57,9 +59,13 @@ class SteerEntry(BaseModel):
     @field_validator("scale")
     @classmethod
     def _finite(cls, v: float) -> float:
-        if not math.isfinite(v):
-            raise ValueError("scale must be finite")
-        return v
+        try:
+            if math.isfinite(v):
+                _F32.pack(v)  # OverflowError where float32 rounds it to infinity
+                return v
+        except OverflowError:
+            pass
+        raise ValueError("scale must be finite in float32 (|scale| < 3.4e38)")
 
     @field_validator("positions")
     @classmethod
@@ -78,6 +84,10 @@ class SteerEntry(BaseModel):
     def where(self) -> Positions:
         """Effective token selector (``decode_only`` folded into ``positions``)."""
         return "generated" if self.decode_only else self.positions
+
+    def scale_bits(self) -> int:
+        """The scale rounded to float32, as the int32 with the same bits (a route-table word)."""
+        return int.from_bytes(_F32.pack(self.scale), "little", signed=True)
 
     def span(self, prompt_len: int) -> tuple[int, int]:
         """Absolute position interval ``[lo, hi)`` this entry steers for a prompt of that length."""

@@ -2,6 +2,7 @@
 
 import json
 
+import numpy as np
 import pytest
 
 from hotwire.shared.spec import MAX_ENTRIES, NO_END, SpecError, cache_salt, canonical_json, parse_spec
@@ -37,6 +38,7 @@ def test_positions_become_absolute_spans(positions, span):
     ('{"id": "x", "layer": -1}', "layer"),
     ('{"id": "bad id!", "layer": 1}', "id"),
     ('{"id": "x", "layer": 1, "scale": "nan"}', "finite"),
+    ('{"id": "x", "layer": 1, "scale": 1e39}', "finite in float32"),  # a finite double, inf in float32
     ('{"id": "x", "layer": 1, "positions": [5, 2]}', "start < end"),
     ('{"id": "x", "layer": 1, "positions": "later"}', "positions"),
     ('{"id": "x", "layer": 1, "decode_only": true, "positions": "prompt"}', "decode_only"),
@@ -48,6 +50,12 @@ def test_malformed_specs_are_refused_with_a_reason(raw, fragment):
         parse_spec(raw)
     assert err.value.reason == "malformed"
     assert fragment in err.value.detail
+
+
+@pytest.mark.parametrize("scale", [1.0, -0.5, 1 / 3, 3.4e38, -1e-42, 0.0])
+def test_scale_bits_are_the_float32_rounding(scale):
+    (e,) = parse_spec({"id": "x", "layer": 0, "scale": scale})
+    assert e.scale_bits() == int(np.float32(scale).view(np.int32))
 
 
 def test_too_many_entries():
