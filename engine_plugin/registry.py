@@ -55,5 +55,10 @@ class Registry:
             self.last_used_ns[s] = now
         self.refs_changed = True
 
+    def refs_to_publish(self) -> tuple[np.ndarray, np.ndarray]:
+        """``(inflight, last_used_ns)`` for the mailbox; from here on ``refs_changed`` is False."""
+        self.refs_changed = False
+        return self.inflight, self.last_used_ns
+
     def bound(self) -> dict[tuple[str, int], int]:
         return dict(self._where)

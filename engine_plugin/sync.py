@@ -79,13 +79,12 @@ class MailboxSync:
                 self.box.ack(e)
             if torn:
                 self.counters.add("mailbox_torn_reads", torn)
-            self.box.publish(None if torn else target, self.registry.inflight, self.registry.last_used_ns)
+            self.box.publish(None if torn else target, *self.registry.refs_to_publish())
             if not torn:
                 self._done = target
 
     def publish_refs(self) -> None:
-        self.registry.refs_changed = False
-        self.box.publish(None, self.registry.inflight, self.registry.last_used_ns)
+        self.box.publish(None, *self.registry.refs_to_publish())
 
     def publish_changed_refs(self) -> None:
         """Publish references only when a steered request came or went: most steps skip it."""
