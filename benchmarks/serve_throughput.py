@@ -231,8 +231,9 @@ def _cpu_plan(n_servers: int, clients: int) -> tuple[list[list[int]], list[int]]
         cores.setdefault(siblings, []).append(cpu)
     whole = sorted(cores.values(), key=len, reverse=True)  # servers first get cores with every sibling
     take = n_servers * SERVER_CORES
-    if len(whole) < take + clients or shutil.which("taskset") is None:
-        why = "no taskset" if shutil.which("taskset") is None else (
+    taskset = shutil.which("taskset")
+    if len(whole) < take + clients or taskset is None:
+        why = "no taskset" if taskset is None else (
             f"{n_servers} servers x {SERVER_CORES} + {clients} load-generator processes need {take + clients} "
             f"physical cores, {len(whole)} allowed")
         print(f"CPU pinning off ({why}): rounds scatter more", file=sys.stderr, flush=True)
