@@ -11,24 +11,37 @@ table space; ``positions`` picks tokens: ``"all"`` (default), ``"prompt"``, ``"g
 
 Parsing never raises past :func:`parse_spec` except :class:`SpecError`, whose ``reason`` is a
 short stable code used as a metric label. Callers run such requests unsteered.
+
+Spec texts are parsed once each: the engine parses every request's spec on its hot path, and a
+deployment steers with a handful of specs. Anyone who can send a request chooses the text, so the
+cache is bounded by bytes (not by count), a text is at most :data:`MAX_SPEC_CHARS` long, and
+texts that mean the same entries share one parsed copy.
 """
 
 from __future__ import annotations
 
-import functools
 import hashlib
 import json
 import math
 import re
 import struct
+import sys
+import threading
+from collections import OrderedDict
 from typing import Any, Literal, Union
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 SPEC_KEY = "hotwire"
 MAX_ENTRIES = 16
+# What users and the OpenAPI schema see. Python's ``$`` also matches before a final newline, so
+# Python code checks ids with :func:`valid_id` (a full match), never ``re.match(ID_PATTERN)``.
 ID_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$"
 NO_END = 2**31 - 1  # "until the end of the sequence" as an int32 position bound
+MAX_SPEC_CHARS = 16 * 1024  # a spec text longer than this is refused ("too_large")
+SPEC_CACHE_BYTES = 4 * 2**20  # parsed spec texts kept, counted as below
+_ENTRY_BYTES = 600  # memory of one parsed SteerEntry (measured: about 530)
+_SLOT_BYTES = 200  # a cache slot's own dict and list nodes
 
 _ID_RE = re.compile(ID_PATTERN)
 _F32 = struct.Struct("<f")  # the op computes in float32: a scale is stored as its float32 bits
@@ -116,17 +129,72 @@ def parse_spec(raw: Any) -> tuple[SteerEntry, ...]:
     return _parse_items(raw)
 
 
-@functools.lru_cache(maxsize=4096)
 def _parse_text(raw: str | bytes) -> tuple[SteerEntry, ...]:
-    """JSON text, the form the OpenAI server forwards. Parsed once per distinct text: a deployment
-    steers with a handful of specs, each request's is parsed twice (prefix-cache salt, routing) on
-    the engine's threads, and the entries are frozen, so sharing them is safe. Refusals are not
-    cached (an exception is never stored)."""
+    """JSON text, the form the OpenAI server forwards: parsed once per distinct text. The entries
+    are frozen, so requests share them; refusals are not cached."""
+    entries = _cache.get(raw)
+    if entries is not None:
+        return entries
+    if len(raw) > MAX_SPEC_CHARS:
+        raise SpecError("too_large", f"spec is {len(raw)} characters long, at most {MAX_SPEC_CHARS}")
     try:
         items = json.loads(raw)
     except (ValueError, RecursionError) as e:
         raise SpecError("malformed", f"not JSON: {e}") from None
-    return _parse_items(items)
+    return _cache.put(raw, _parse_items(items))
+
+
+class _SpecCache:
+    """Spec text -> entries, least recently used first out, within ``budget`` bytes.
+
+    A text costs its own size; its entries are interned by their (order-preserving) canonical
+    form and cost once however many texts spell them, so padding a spec with whitespace costs
+    the padding only. Thread-safe: the engine parses on more than one thread.
+    """
+
+    def __init__(self, budget: int):
+        self.budget = budget
+        self.size = 0
+        self._texts: OrderedDict[str | bytes, tuple[str, tuple[SteerEntry, ...]]] = OrderedDict()
+        self._forms: dict[str, list] = {}  # canonical form -> [entries, texts using it]
+        self._lock = threading.Lock()
+
+    def get(self, raw: str | bytes) -> tuple[SteerEntry, ...] | None:
+        with self._lock:
+            hit = self._texts.get(raw)
+            if hit is None:
+                return None
+            self._texts.move_to_end(raw)
+            return hit[1]
+
+    def put(self, raw: str | bytes, entries: tuple[SteerEntry, ...]) -> tuple[SteerEntry, ...]:
+        form = json.dumps([e.canonical() for e in entries], sort_keys=True, separators=(",", ":"))
+        cost = sys.getsizeof(raw) + _SLOT_BYTES
+        with self._lock:
+            if raw in self._texts:
+                return self._texts[raw][1]
+            shared = self._forms.get(form)
+            if shared is None:
+                shared = self._forms[form] = [entries, 0]
+                self.size += sys.getsizeof(form) + _ENTRY_BYTES * max(len(entries), 1)
+            shared[1] += 1
+            self._texts[raw] = (form, shared[0])
+            self.size += cost
+            while self.size > self.budget and len(self._texts) > 1:
+                self._evict_oldest()
+            return shared[0]
+
+    def _evict_oldest(self) -> None:
+        raw, (form, _) = self._texts.popitem(last=False)
+        self.size -= sys.getsizeof(raw) + _SLOT_BYTES
+        shared = self._forms[form]
+        shared[1] -= 1
+        if not shared[1]:
+            del self._forms[form]
+            self.size -= sys.getsizeof(form) + _ENTRY_BYTES * max(len(shared[0]), 1)
+
+
+_cache = _SpecCache(SPEC_CACHE_BYTES)
 
 
 def _parse_items(raw: Any) -> tuple[SteerEntry, ...]:
@@ -184,4 +252,5 @@ def layer_ranges(text: str) -> list[int]:
 
 
 def valid_id(vector_id: str) -> bool:
-    return bool(_ID_RE.match(vector_id))
+    """``vector_id`` matches :data:`ID_PATTERN` as a whole (no trailing newline)."""
+    return isinstance(vector_id, str) and _ID_RE.fullmatch(vector_id) is not None

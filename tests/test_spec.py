@@ -1,11 +1,23 @@
 """Request spec: parsing, refusals by reason, spans, canonical form and cache salt."""
 
+import gc
 import json
+import tracemalloc
 
 import numpy as np
 import pytest
 
-from hotwire.shared.spec import MAX_ENTRIES, NO_END, SpecError, cache_salt, canonical_json, parse_spec
+from hotwire.shared.spec import (
+    MAX_ENTRIES,
+    MAX_SPEC_CHARS,
+    NO_END,
+    SPEC_CACHE_BYTES,
+    SpecError,
+    cache_salt,
+    canonical_json,
+    parse_spec,
+    valid_id,
+)
 
 
 @pytest.mark.parametrize("raw", [
@@ -97,3 +109,53 @@ def test_cache_salt_separates_configs_and_vector_generations():
         cache_salt(base, {"a": 3}),
     }
     assert len(salts) == 6
+
+
+# Hardening (issue 12) ----------------------------------------------------------------------
+
+NEWLINE_ID = "c" * 64 + "\n"
+
+
+def test_an_id_with_a_trailing_newline_is_not_an_id():
+    assert valid_id("c" * 64) and not valid_id(NEWLINE_ID) and not valid_id("x\n")
+    for raw in ({"id": NEWLINE_ID, "layer": 0}, json.dumps({"id": NEWLINE_ID, "layer": 0})):
+        with pytest.raises(SpecError) as err:
+            parse_spec(raw)
+        assert err.value.reason == "malformed" and "id" in err.value.detail
+
+
+def test_a_spec_text_over_the_size_cap_is_refused():
+    text = '{"id": "x", "layer": 0}'
+    (e,) = parse_spec(text + " " * (MAX_SPEC_CHARS - len(text)))
+    assert e.id == "x"
+    for too_long in (text + " " * (MAX_SPEC_CHARS + 1 - len(text)), (text + " " * 2**20).encode()):
+        with pytest.raises(SpecError) as err:
+            parse_spec(too_long)
+        assert err.value.reason == "too_large"
+
+
+def test_texts_spelling_the_same_spec_share_one_parsed_copy():
+    text = '[{"id": "shared", "layer": 2, "scale": 0.5}]'
+    first = parse_spec(text)
+    assert parse_spec(text + " " * 100) is first
+    assert parse_spec('[{"scale":0.5,"layer":2,"id":"shared"}]') is first
+    # Order is kept: entries on one layer are summed in the order written.
+    two = '[{"id": "a", "layer": 1}, {"id": "b", "layer": 1}]'
+    swapped = '[{"id": "b", "layer": 1}, {"id": "a", "layer": 1}]'
+    assert [e.id for e in parse_spec(swapped)] == ["b", "a"] != [e.id for e in parse_spec(two)]
+
+
+def test_the_spec_cache_holds_a_bounded_number_of_bytes():
+    """Padded specs (the issue's attack: 120 specs of 1 MiB pinned 120 MB) stay within the
+    cache's byte budget, as the allocator sees it."""
+    gc.collect()
+    tracemalloc.start()
+    try:
+        before = tracemalloc.get_traced_memory()[0]
+        for i in range(1000):  # about 12 MB of distinct text, each just under the size cap
+            parse_spec(json.dumps({"id": f"pad{i}", "layer": i % 7}) + " " * (8000 + 8 * i))
+        gc.collect()
+        retained = tracemalloc.get_traced_memory()[0] - before
+    finally:
+        tracemalloc.stop()
+    assert retained < SPEC_CACHE_BYTES * 1.25, f"{retained / 2**20:.1f} MiB retained"
