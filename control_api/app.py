@@ -15,7 +15,7 @@ from importlib.metadata import version
 
 from fastapi import FastAPI
 
-from .catalog import Catalog
+from .catalog_store import open_catalog
 from .dependencies import Services
 from .engine_link import EngineLink
 from .errors import install_error_handlers
@@ -34,7 +34,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         if settings.token is None:
             log.warning("HOTWIRE_TOKEN is not set: anyone who can reach this API can change vectors")
-        catalog = Catalog(settings.catalog_path)
+        catalog = open_catalog(settings)
         link = EngineLink(settings.mailbox)
         manager = SlotManager(catalog, link, evict_timeout_s=settings.evict_timeout_s,
                               heartbeat_timeout_s=settings.heartbeat_timeout_s)

@@ -23,6 +23,9 @@ class Settings(BaseModel):
     mailbox: Path = Field(Path(DEFAULT_MAILBOX), description="engine mailbox file to attach to")
     state_dir: Path = Field(Path("hotwire-state"), description="directory of the SQLite catalog")
     token: SecretStr | None = Field(None, description="bearer token for writes; unset = open")
+    catalog_dsn: SecretStr | None = Field(
+        None, description="postgresql:// DSN of a catalog shared by replicas; unset = SQLite in "
+        "state_dir")
     max_upload_bytes: int = Field(64 * 2**20, gt=0, description="largest accepted request body")
     heartbeat_timeout_s: float = Field(10.0, gt=0, description="engine heartbeat age that fails /readyz")
     evict_timeout_s: float = Field(5.0, ge=0, description="how long an upload waits for evicted slots")
@@ -33,6 +36,7 @@ class Settings(BaseModel):
         "mailbox": "HOTWIRE_MAILBOX",
         "state_dir": "HOTWIRE_STATE_DIR",
         "token": "HOTWIRE_TOKEN",
+        "catalog_dsn": "HOTWIRE_CATALOG_DSN",
         "max_upload_bytes": "HOTWIRE_MAX_UPLOAD_BYTES",
         "heartbeat_timeout_s": "HOTWIRE_HEARTBEAT_TIMEOUT_S",
         "evict_timeout_s": "HOTWIRE_EVICT_TIMEOUT_S",
