@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import grp
 import os
 from dataclasses import dataclass
 
@@ -16,6 +17,7 @@ class HotwireConfig:
     entries: int = 4  # routing columns: entries one request may put on one layer
     vectors_dir: str | None = None  # startup vectors, loaded before the mailbox opens
     mailbox: str | None = DEFAULT_MAILBOX  # None disables the control-API mailbox
+    mailbox_group: str | None = None  # group (name or gid) the mailbox file is given, mode 0660
 
     @classmethod
     def from_env(cls) -> "HotwireConfig":
@@ -27,6 +29,7 @@ class HotwireConfig:
             entries=int(env.get("HOTWIRE_ENTRIES", cls.entries)),
             vectors_dir=env.get("HOTWIRE_VECTORS") or None,
             mailbox=None if mailbox.lower() in ("", "off", "none") else mailbox,
+            mailbox_group=env.get("HOTWIRE_MAILBOX_GROUP") or None,
         )
 
     def armed_layers(self, n_layers: int) -> list[int]:
@@ -34,3 +37,14 @@ class HotwireConfig:
         if self.layers.strip().lower() == "all":
             return list(range(n_layers))
         return sorted({i for i in layer_ranges(self.layers) if 0 <= i < n_layers})
+
+
+    def mailbox_gid(self) -> int | None:
+        """The gid of ``mailbox_group`` (None: the engine's own); ValueError for an unknown group."""
+        group = self.mailbox_group
+        if group is None or group.isdigit():
+            return None if group is None else int(group)
+        try:
+            return grp.getgrnam(group).gr_gid
+        except KeyError:
+            raise ValueError(f"HOTWIRE_MAILBOX_GROUP={group}: no such group") from None

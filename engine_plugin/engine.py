@@ -113,8 +113,8 @@ class Steerer:
         if rows:
             with torch.inference_mode():
                 write_rows(bank, [r[0] for r in rows], np.stack([r[3] for r in rows]))
-            for slot, vector_id, layer, _ in rows:
-                registry.bind(slot, vector_id, layer, gen=1)
+            for slot, vector_id, layer, row in rows:
+                registry.bind(slot, vector_id, layer, gen=1, absmax=float(np.abs(row).max(initial=0.0)))
             log.info("hotwire: startup vectors %s", sorted({r[1] for r in rows}))
         return rows
 
@@ -126,8 +126,8 @@ class Steerer:
         if path is None:
             return None
         try:
-            box = EngineMailbox.create(path, fp, cfg.slots)
-        except OSError as e:
+            box = EngineMailbox.create(path, fp, cfg.slots, group=cfg.mailbox_gid())
+        except (OSError, ValueError) as e:
             log.error("hotwire: cannot create mailbox %s (%s); runtime registration is off", path, e)
             return None
         for slot, vector_id, layer, row in loaded:

@@ -17,12 +17,23 @@ from typing import Any
 import numpy as np
 import torch
 
-from hotwire.shared.spec import SpecError, SteerEntry, parse_spec, spec_from_extra_args
+from hotwire.shared.spec import MAX_ENTRIES, SpecError, SteerEntry, parse_spec, spec_from_extra_args
 
 from .counters import Counters
 from .registry import Registry
 from .staging import copy_into, to_device
 from .steering import ArmedModel
+
+
+def entry_limit(dtype: torch.dtype) -> float:
+    """The largest ``|scale| * max|v|`` one entry may add (invariant 8).
+
+    A request has at most ``MAX_ENTRIES`` entries, so everything it adds to a token's stream,
+    over all layers, stays within half the model dtype's range: the stream cannot overflow on
+    the steering alone, and a steered token never becomes non-finite (which would reach the KV
+    cache, and through reused blocks other requests).
+    """
+    return float(torch.finfo(dtype).max) / (2 * MAX_ENTRIES)
 
 
 @dataclass
@@ -36,6 +47,7 @@ class Router:
         self.armed, self.registry, self.counters = armed, registry, counters
         self.tables = armed.tables
         self.entries = self.tables.route.shape[2]
+        self.limit = entry_limit(self.tables.bank.dtype)
         self._ids: list[str] = []  # the last step's batch, to skip unchanged decode steps
         self._counts = np.zeros(0, dtype=np.int32)
         self._dirty = False  # a request arrived or left since the last route()
@@ -93,6 +105,11 @@ class Router:
             slot = self.registry.resolve(e.id, e.layer)
             if slot is None:
                 raise SpecError("unknown_id", f"no vector {e.id!r} for layer {e.layer}")
+            size = abs(e.scale) * float(self.registry.absmax[slot])
+            if size > self.limit:
+                raise SpecError("out_of_range", f"entry {e.id!r} on layer {e.layer} adds up to "
+                                f"{size:.3g} (|scale| * max|v|), over this model's limit of "
+                                f"{self.limit:.3g} per entry")
             k = used.get(i, 0)
             if k == self.entries:
                 raise SpecError("too_many_entries", f"more than {self.entries} entries on layer {e.layer}")

@@ -82,13 +82,21 @@ class _Generations:
             return {}
         try:
             if self._view is None or os.stat(path).st_ino != self._view.inode:
+                self._close()
                 self._view, self._seen = MailboxView.open(path), -1
-            target = int(self._view.header["target_gen"]) ^ self._view.epoch
+            head = self._view.header
+            target = int(head["target_gen"]) ^ int(head["epoch"])
             if target != self._seen:
                 self._gens, self._seen = self._view.generations(), target
-        except (OSError, MailboxError):
-            self._view, self._gens = None, {}
+        except (OSError, MailboxError, ValueError):
+            self._close()  # no mailbox, or an unreadable one: salt with the spec alone
+            self._gens = {}
         return self._gens
+
+    def _close(self) -> None:
+        if self._view is not None:
+            self._view.close()
+            self._view = None
 
 
 _generations = _Generations()

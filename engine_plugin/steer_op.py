@@ -16,8 +16,11 @@ stride; an entry's four words contiguous)::
     out[t] = x[t] + sum_k  where(lo <= positions[t] < hi,  scale * bank[row],  -0.0)
              with (row, lo, hi, scale as float32 bits) = route[t, k]
 
-in float32, rounded once to ``x.dtype``. A token with no entry on keeps every bit (here ``-0.0``
-is the exact identity of float addition; the Triton kernel stores such a token as loaded).
+in float32, saturated to the finite range of ``x.dtype`` and rounded once to it. A token with no
+entry on keeps every bit (here ``-0.0`` is the exact identity of float addition; the Triton
+kernel stores such a token as loaded). A steered token never becomes non-finite (invariant 8):
+admission bounds each entry's size (:func:`.routing.entry_limit`), and the saturation is the
+backstop for a sum that still overflows.
 ``out`` is a new contiguous tensor (custom ops may not alias their inputs).
 
 The op takes the layer's own entries, not the whole tables and a layer index: an index would be
@@ -42,6 +45,8 @@ def reference(x: torch.Tensor, positions: torch.Tensor, bank: torch.Tensor, rout
     for k in range(rt.shape[1]):  # K is small and static
         v = bank[rt[:, k, 0]].float() * c[:, k, None]            # [T, H]
         acc = acc + torch.where(on[:, k, None], v, -0.0)
+    top = torch.finfo(x.dtype).max
+    acc = torch.where(on.any(1, keepdim=True), acc.clamp(-top, top), acc)  # steered tokens only
     return acc.to(x.dtype).contiguous()
 
 

@@ -3,7 +3,8 @@
 One program per (token, block of the hidden dim). The routing entries a program reads sit at
 the token's own index, so the bank row is the only dependent load, and it is skipped (masked)
 for entries that are off: an unsteered token reads x and its routing entries, and stores x as
-loaded (a select, not an add of zero, which compilers may fold away from ``-0.0``).
+loaded (a select, not an add of zero, which compilers may fold away from ``-0.0``); a steered
+token is saturated to the output dtype's finite range ``[-TOP, TOP]`` before it is rounded.
 """
 
 from __future__ import annotations
@@ -15,7 +16,7 @@ import triton.language as tl
 
 @triton.jit
 def _steer(x_ptr, out_ptr, pos_ptr, bank_ptr, route_ptr, route_stride,
-           H: tl.constexpr, K: tl.constexpr, BLOCK: tl.constexpr):
+           H: tl.constexpr, K: tl.constexpr, BLOCK: tl.constexpr, TOP: tl.constexpr):
     t = tl.program_id(0).to(tl.int64)
     cols = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)       # [BLOCK]
     x = tl.load(x_ptr + t * H + cols, mask=cols < H)
@@ -33,6 +34,7 @@ def _steer(x_ptr, out_ptr, pos_ptr, bank_ptr, route_ptr, route_stride,
         width = tl.where(on, H, 0)                              # off: the row is not read, v = 0
         v = tl.load(bank_ptr + row * H + cols, mask=cols < width, other=0.0).to(tl.float32)
         acc += v * scale
+    acc = tl.minimum(tl.maximum(acc, -TOP), TOP)
     # a token with no entry on is stored as loaded: every bit, signed zeros included
     out = tl.where(hits > 0, acc.to(out_ptr.dtype.element_ty), x)
     tl.store(out_ptr + t * H + cols, out, mask=cols < H)
@@ -49,5 +51,6 @@ def launch(x: torch.Tensor, positions: torch.Tensor, bank: torch.Tensor, route: 
         return out
     block = min(1024, triton.next_power_of_2(h))
     _steer[(n, triton.cdiv(h, block))](x, out, positions, bank, route, route.stride(0),
-                                       H=h, K=route.shape[1], BLOCK=block, num_warps=4)
+                                       H=h, K=route.shape[1], BLOCK=block,
+                                       TOP=torch.finfo(x.dtype).max, num_warps=4)
     return out

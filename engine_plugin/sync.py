@@ -7,6 +7,11 @@ the runner holds through CUDA-graph capture (:meth:`MailboxSync.pause`): no copy
 bank is ever enqueued, or captured, while graphs are being recorded. Bank rows are written on the current
 stream; a slot the control API rewrites is by protocol unreferenced (invariant 6), and the
 binding that makes it reachable is made only after its row copy is enqueued.
+
+Nothing read from the file is trusted (invariant 8): an entry the mailbox finds corrupt is
+rejected (logged, counted, acknowledged as holding nothing, its slot unbound), and a file that
+becomes unreadable (truncated, say) stops the sync with one error line and a counter, while the
+engine keeps serving with the vectors it holds; restart the engine to restore registration.
 """
 
 from __future__ import annotations
@@ -18,7 +23,7 @@ import threading
 import numpy as np
 import torch
 
-from hotwire.shared.mailbox import ACTIVE, EngineMailbox, MailboxError
+from hotwire.shared.mailbox import ACTIVE, EngineMailbox, MailboxError, SlotEntry
 
 from .counters import Counters
 from .registry import Registry
@@ -42,6 +47,7 @@ class MailboxSync:
         self.paused = False  # True while the runner captures CUDA graphs (lock held)
         self._stop = threading.Event()
         self._done = -1  # target generation fully applied; skip the scan while it is unchanged
+        self.broken: str | None = None  # why the file can no longer be used; the sync has stopped
         self._thread = threading.Thread(target=self._beat, name="hotwire-mailbox", daemon=True)
 
     def start(self) -> None:
@@ -59,45 +65,70 @@ class MailboxSync:
             finally:
                 self.paused = False
 
-    @torch.inference_mode()
     def apply(self) -> None:
         """Apply every consistent pending change; publish refs, then the applied generation."""
-        with self.lock:
-            if int(self.box.header["target_gen"]) == self._done:
-                return
-            self.publish_refs()  # refs must be current before any retirement is acked
-            target, entries, torn = self.box.pending()
-            active = [e for e in entries if e.state == ACTIVE]
-            if active:
-                write_rows(self.bank, [e.slot for e in active], np.stack([e.row for e in active]))
-                self.counters.add("mailbox_rows_applied", len(active))
-            for e in entries:
-                if e.state == ACTIVE:
-                    self.registry.bind(e.slot, e.vector_id, e.layer, e.gen)
-                else:
-                    self.registry.unbind(e.slot)
-                self.box.ack(e)
-            if torn:
-                self.counters.add("mailbox_torn_reads", torn)
-            self.box.publish(None if torn else target, *self.registry.refs_to_publish())
-            if not torn:
-                self._done = target
+        with self.lock, self._guard() as usable:
+            if usable and self.box.target_gen() != self._done:
+                self._apply_pending()
 
-    def publish_refs(self) -> None:
+    def _apply_pending(self) -> None:
+        self._publish_refs()  # refs must be current before any retirement is acked
+        target, entries, torn = self.box.pending()
+        self._apply(entries)
+        if torn:
+            self.counters.add("mailbox_torn_reads", torn)
+        self.box.publish(None if torn else target, *self.registry.refs_to_publish())
+        if not torn:
+            self._done = target
+
+    @torch.inference_mode()
+    def _apply(self, entries: list[SlotEntry]) -> None:
+        active = [e for e in entries if e.state == ACTIVE and e.problem is None]
+        if active:
+            write_rows(self.bank, [e.slot for e in active], np.stack([e.row for e in active]))
+            self.counters.add("mailbox_rows_applied", len(active))
+        for e in entries:
+            if e.problem is not None:
+                self.registry.unbind(e.slot)
+                self.counters.add("mailbox_rejected")
+                log.error("hotwire: mailbox %s: slot %d rejected: %s", self.box.path, e.slot, e.problem)
+            elif e.state == ACTIVE:
+                self.registry.bind(e.slot, e.vector_id, e.layer, e.gen, float(np.abs(e.row).max(initial=0.0)))
+            else:
+                self.registry.unbind(e.slot)
+            self.box.ack(e)
+
+    def _publish_refs(self) -> None:
         self.box.publish(None, *self.registry.refs_to_publish())
 
     def publish_changed_refs(self) -> None:
         """Publish references only when a steered request came or went: most steps skip it."""
         if self.registry.refs_changed:
-            self.publish_refs()
+            with self._guard() as usable:
+                if usable:
+                    self._publish_refs()
+
+    @contextlib.contextmanager
+    def _guard(self):
+        """Run a mailbox access, unless the file is already known unusable; on an error, stop
+        the sync for good and keep the engine serving."""
+        if self.broken is not None:
+            yield False
+            return
+        try:
+            yield True
+        except (MailboxError, OSError, ValueError) as e:
+            self.broken = str(e)
+            self.counters.add("mailbox_errors")
+            log.error("hotwire: mailbox %s is unusable (%s); runtime registration stopped, the engine "
+                      "keeps serving with the vectors it holds; restart it to restore registration",
+                      self.box.path, e)
 
     def _beat(self) -> None:
-        while not self._stop.wait(HEARTBEAT_S):
-            try:
-                with self.lock:
-                    self.apply()
-                    self.counters.publish_step_time()
-                    self.box.beat()
-            except (MailboxError, ValueError, RuntimeError) as e:
-                log.error("hotwire: mailbox thread stopped: %s", e)
-                return
+        while not self._stop.wait(HEARTBEAT_S) and self.broken is None:
+            with self.lock:
+                self.apply()
+                self.counters.publish_step_time()
+                with self._guard() as usable:
+                    if usable:
+                        self.box.beat()

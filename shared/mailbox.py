@@ -14,11 +14,20 @@ Layout (little endian; a file in a tmpfs such as /dev/shm)::
     [.., +32*S)            engine table    ENGINE dtype, written by the engine
     [64-aligned, +4*S*H)   rows            float32 [S, H], written by the control API
 
+Access: ``pread``/``pwrite`` on a file descriptor, never a memory map. A mapped file that
+another process truncates raises SIGBUS on the next access and kills the process; a read of a
+truncated file is merely short, and becomes a :class:`MailboxError`. Each side keeps what only it
+writes (the engine its table and counters) in memory and writes it out; everything read is a
+copy, and everything the engine reads is validated before it is applied (invariant 8): a corrupt
+entry is rejected, counted and acknowledged as free, never obeyed.
+
 Consistency: each directory entry carries a seqlock ``seq``. A writer makes it odd, writes the
 entry and its row, makes it even again, then bumps ``header.target_gen``. A reader copies entry
 and row and keeps the copy only if ``seq`` was even and unchanged around the copy, so it never
-applies a half-written row. Aligned 8-byte stores are single stores on x86-64 and AArch64; stores
-are issued in program order by the interpreter (x86-64 TSO keeps that order visible).
+applies a half-written row. Each ``pwrite`` is a system call, so the writes are seen in order.
+
+Permissions: the file is created ``0660`` (owner and group), optionally chowned to a group
+(``HOTWIRE_MAILBOX_GROUP``): the control API must run as the engine's user or in that group.
 
 Slot life cycle (invariant 6, two-phase eviction)::
 
@@ -32,7 +41,6 @@ that could still read it.
 
 from __future__ import annotations
 
-import mmap
 import os
 import secrets
 import time
@@ -40,7 +48,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from .wire import ModelShape
+from .spec import valid_id
+from .wire import ModelShape, dtype_max
 
 DEFAULT_MAILBOX = "/dev/shm/hotwire/engine.mbx"  # where the engine creates it, and the control API looks
 MAGIC = b"HOTWIRE\x01"
@@ -65,6 +74,9 @@ COUNTERS = (
     "mailbox_torn_reads",  # entries skipped because a write was in progress
     "steps",  # engine steps hotwire routed (published by the heartbeat, like host_ns)
     "host_ns",  # time hotwire's per-step work held the engine's step thread
+    "unsteered_out_of_range",  # an entry's |scale| * max|v| could overflow the stream
+    "mailbox_rejected",  # directory entries refused as corrupt (bad state, id, layer or row)
+    "mailbox_errors",  # the mailbox file became unreadable (truncated, removed); sync stopped
 )
 COUNTER_INDEX = {name: i for i, name in enumerate(COUNTERS)}
 
@@ -88,6 +100,9 @@ ENGINE = np.dtype([
     ("_pad", "<u8"),
 ])
 assert HEADER.itemsize <= HEADER_BYTES and DIRECTORY.itemsize == 96 and ENGINE.itemsize == 32
+MAX_SLOTS, MAX_HIDDEN = 1 << 20, 1 << 16  # bounds on what a header may claim
+STUCK_S = 1.0  # a seqlock held odd this long is a corrupt entry, not a write in progress
+FILE_MODE = 0o660
 
 
 class MailboxError(RuntimeError):
@@ -110,7 +125,10 @@ class Fingerprint:
 
 @dataclass(frozen=True)
 class SlotEntry:
-    """A consistent copy of one directory entry (and its row, for ACTIVE slots)."""
+    """A consistent copy of one directory entry (and its row, for ACTIVE slots).
+
+    ``problem`` says why the entry cannot be applied (set by :meth:`EngineMailbox.pending`).
+    """
 
     slot: int
     seq: int
@@ -120,6 +138,7 @@ class SlotEntry:
     flags: int
     vector_id: str
     row: np.ndarray | None
+    problem: str | None = None
 
 
 def _sizes(n_slots: int, hidden: int) -> tuple[int, int, int, int]:
@@ -129,217 +148,380 @@ def _sizes(n_slots: int, hidden: int) -> tuple[int, int, int, int]:
     return dir_off, eng_off, rows_off, rows_off + 4 * n_slots * hidden
 
 
-class _Mapped:
-    """Typed numpy views over a mapped mailbox file."""
+def _field(name: str) -> tuple[int, np.dtype]:
+    """Offset and dtype of a header field."""
+    dtype, offset = HEADER.fields[name][:2]
+    return offset, dtype
 
-    def __init__(self, path: str, mm: mmap.mmap):
-        self.path = path
-        self._mm = mm
-        head = np.frombuffer(mm, dtype=HEADER, count=1)
-        if bytes(head["magic"][0]) != MAGIC or int(head["layout"][0]) != LAYOUT:
+
+def _text(raw: bytes) -> str:
+    return raw.decode("utf-8", "replace")
+
+
+def entry_problem(e: SlotEntry, n_layers: int, dtype: str) -> str | None:
+    """Why the engine must not apply ``e``, or None. Everything a corrupt file could say."""
+    if e.state not in STATE_NAMES:
+        return f"unknown state {e.state}"
+    if e.state == FREE:
+        return None
+    if not valid_id(e.vector_id):
+        return f"vector id {e.vector_id[:80]!r} is not valid"
+    if e.layer != ANY_LAYER and not 0 <= e.layer < n_layers:
+        return f"layer {e.layer} is outside the model's 0..{n_layers - 1}"
+    if e.state == ACTIVE:
+        if e.gen < 1:
+            return f"generation {e.gen} is not positive"
+        if e.row is None or not np.isfinite(e.row).all():
+            return "row holds NaN or infinite values"
+        if np.abs(e.row).max(initial=0.0) > dtype_max(dtype):
+            return f"row overflows the model dtype {dtype}"
+    return None
+
+
+class _Mailbox:
+    """A mailbox file through its descriptor: typed copies in, typed writes out."""
+
+    def __init__(self, path: str, fd: int):
+        self.path, self._fd = path, fd
+        self.inode = os.fstat(fd).st_ino
+        head = self._header()
+        if bytes(head["magic"]) != MAGIC or int(head["layout"]) != LAYOUT:
             raise MailboxError(f"{path} is not a hotwire mailbox (layout {LAYOUT})")
-        self.header = head[0]
-        n, h = int(self.header["n_slots"]), int(self.header["hidden"])
-        dir_off, eng_off, rows_off, total = _sizes(n, h)
-        if len(mm) < total:
-            raise MailboxError(f"{path} is truncated ({len(mm)} < {total} bytes)")
-        self.directory = np.frombuffer(mm, dtype=DIRECTORY, count=n, offset=dir_off)
-        self.engine = np.frombuffer(mm, dtype=ENGINE, count=n, offset=eng_off)
-        self.rows = np.frombuffer(mm, dtype=np.float32, count=n * h, offset=rows_off).reshape(n, h)
+        n, h = int(head["n_slots"]), int(head["hidden"])
+        if not (0 < n <= MAX_SLOTS and 0 < h <= MAX_HIDDEN and 0 < int(head["n_layers"]) <= 512):
+            raise MailboxError(f"{path} has an impossible header ({n} slots, hidden {h})")
         self.n_slots, self.hidden = n, h
+        self._dir_off, self._eng_off, self._rows_off, self._total = _sizes(n, h)
+        if os.fstat(fd).st_size < self._total:
+            raise MailboxError(f"{path} is truncated ({os.fstat(fd).st_size} < {self._total} bytes)")
+        self.fingerprint = Fingerprint(_text(head["model"]), int(head["n_layers"]), h, _text(head["dtype"]))
+
+    # -- raw access ---------------------------------------------------------------------------
+    def _read(self, offset: int, size: int) -> bytes:
+        try:
+            data = os.pread(self._fd, size, offset)
+        except OSError as e:
+            raise MailboxError(f"cannot read {self.path}: {e}") from None
+        if len(data) != size:
+            raise MailboxError(f"{self.path} is truncated (a read at {offset} got {len(data)} of {size} bytes)")
+        return data
+
+    def _write(self, offset: int, data: bytes | np.ndarray) -> None:
+        data = data.tobytes() if isinstance(data, np.ndarray) else data
+        try:
+            os.pwrite(self._fd, data, offset)
+        except OSError as e:
+            raise MailboxError(f"cannot write {self.path}: {e}") from None
+
+    def _header(self) -> np.void:
+        return np.frombuffer(self._read(0, HEADER.itemsize), dtype=HEADER)[0]
+
+    def _get(self, name: str) -> int:
+        offset, dtype = _field(name)
+        return int(np.frombuffer(self._read(offset, dtype.itemsize), dtype=dtype)[0])
+
+    def _set(self, name: str, value) -> None:
+        offset, dtype = _field(name)
+        self._write(offset, np.asarray(value, dtype=dtype.base).reshape(dtype.shape))
+
+    # -- reading (copies) ---------------------------------------------------------------------
+    @property
+    def header(self) -> np.void:
+        """A copy of the header."""
+        return self._header()
 
     @property
-    def fingerprint(self) -> Fingerprint:
-        hd = self.header
-        return Fingerprint(hd["model"].decode(), int(hd["n_layers"]), int(hd["hidden"]),
-                           hd["dtype"].decode())
+    def directory(self) -> np.ndarray:
+        """A copy of the directory ``[S]``."""
+        return np.frombuffer(self._read(self._dir_off, DIRECTORY.itemsize * self.n_slots), dtype=DIRECTORY)
+
+    @property
+    def engine(self) -> np.ndarray:
+        """A copy of the engine table ``[S]``."""
+        return np.frombuffer(self._read(self._eng_off, ENGINE.itemsize * self.n_slots), dtype=ENGINE)
+
+    def row(self, slot: int) -> np.ndarray:
+        """A copy of slot ``slot``'s float32 row ``[H]``."""
+        return np.frombuffer(self._read(self._rows_off + 4 * self.hidden * slot, 4 * self.hidden),
+                             dtype=np.float32)
 
     @property
     def epoch(self) -> int:
-        return int(self.header["epoch"])
+        return self._get("epoch")
 
     def counters(self) -> dict[str, int]:
-        return {name: int(self.header["counters"][i]) for i, name in enumerate(COUNTERS)}
+        values = self._header()["counters"]
+        return {name: int(values[i]) for i, name in enumerate(COUNTERS)}
 
     def armed_layers(self) -> list[int]:
-        return [int(i) for i in np.flatnonzero(self.header["armed"][: int(self.header["n_layers"])])]
+        return [int(i) for i in np.flatnonzero(self._header()["armed"][: self.fingerprint.n_layers])]
+
+    def _entry(self, slot: int) -> np.ndarray:
+        """A copy of directory entry ``slot``, as a 1-element array."""
+        at = self._dir_off + DIRECTORY.itemsize * slot
+        return np.frombuffer(self._read(at, DIRECTORY.itemsize), dtype=DIRECTORY).copy()
+
+    def _engine_entry(self, slot: int) -> np.void:
+        at = self._eng_off + ENGINE.itemsize * slot
+        return np.frombuffer(self._read(at, ENGINE.itemsize), dtype=ENGINE)[0]
 
     def read_entry(self, slot: int, with_row: bool) -> SlotEntry | None:
         """Seqlock read of one entry; ``None`` while a write is in progress."""
-        d = self.directory[slot]
+        d = self._entry(slot)[0]
         seq = int(d["seq"])
         if seq & 1:
             return None
-        copy = d.copy()
-        row = self.rows[slot].copy() if with_row else None
-        if int(self.directory[slot]["seq"]) != seq:
+        row = self.row(slot) if with_row else None
+        if self._read_seq(slot) != seq:
             return None
-        return SlotEntry(slot, seq, int(copy["gen"]), int(copy["state"]), int(copy["layer"]),
-                         int(copy["flags"]), copy["vector_id"].decode(), row)
+        return SlotEntry(slot, seq, int(d["gen"]), int(d["state"]), int(d["layer"]), int(d["flags"]),
+                         _text(d["vector_id"]), row)
+
+    def _read_seq(self, slot: int) -> int:
+        raw = self._read(self._dir_off + DIRECTORY.itemsize * slot, 8)
+        return int.from_bytes(raw, "little")
+
+    def _write_entry(self, slot: int, entry: np.ndarray, row: np.ndarray | None) -> None:
+        """Seqlock write: ``seq`` odd, entry and row, ``seq`` even (entry's seq is the old one)."""
+        at = self._dir_off + DIRECTORY.itemsize * slot
+        seq = int(entry["seq"][0])
+        self._write(at, (seq + 1).to_bytes(8, "little"))
+        entry["seq"] = seq + 1
+        self._write(at, entry)
+        if row is not None:
+            self._write(self._rows_off + 4 * self.hidden * slot, np.asarray(row, dtype=np.float32))
+        self._write(at, (seq + 2).to_bytes(8, "little"))
 
     def close(self) -> None:
-        # Views keep exported buffers alive; drop them before closing the map.
-        self.header = self.directory = self.engine = self.rows = None  # type: ignore[assignment]
-        try:
-            self._mm.close()
-        except BufferError:
-            pass  # a caller still holds a view; the map is freed with it
+        if self._fd >= 0:
+            os.close(self._fd)
+            self._fd = -1
 
 
-def _map(path: str, writable: bool) -> mmap.mmap:
-    fd = os.open(path, os.O_RDWR if writable else os.O_RDONLY)
+def _open(path: str, writable: bool) -> int:
     try:
-        return mmap.mmap(fd, 0, access=mmap.ACCESS_WRITE if writable else mmap.ACCESS_READ)
-    finally:
-        os.close(fd)
+        return os.open(path, os.O_RDWR if writable else os.O_RDONLY)
+    except FileNotFoundError:
+        raise MailboxError(f"no mailbox at {path}: is the engine up with hotwire loaded?") from None
 
 
-class EngineMailbox(_Mapped):
-    """The engine's side: create, apply changes, publish acks, references and counters."""
+class EngineMailbox(_Mailbox):
+    """The engine's side: create, validate and apply changes, publish acks, references and counters.
+
+    The engine table and the counters are written only here, so they live in memory and are
+    written out; the engine never reads them back from a file someone else can change.
+    """
+
+    def __init__(self, path: str, fd: int):
+        super().__init__(path, fd)
+        self._engine = np.zeros(self.n_slots, dtype=ENGINE)
+        self._counters = np.zeros(HEADER["counters"].shape, dtype="<u8")
+        self._torn: dict[int, tuple[int, float]] = {}  # slot -> (odd seq, first seen)
 
     @classmethod
-    def create(cls, path: str, fp: Fingerprint, n_slots: int) -> "EngineMailbox":
+    def create(cls, path: str, fp: Fingerprint, n_slots: int, group: int | None = None) -> "EngineMailbox":
         """Create (or replace) the mailbox atomically: readers never see a half-made header."""
         _, _, _, total = _sizes(n_slots, fp.hidden)
         os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
         tmp = f"{path}.{os.getpid()}.tmp"
-        with open(tmp, "wb") as f:
-            f.truncate(total)
-        mm = _map(tmp, writable=True)
-        head = np.frombuffer(mm, dtype=HEADER, count=1)
-        head["magic"], head["layout"], head["n_slots"] = MAGIC, LAYOUT, n_slots
-        head["hidden"], head["n_layers"] = fp.hidden, fp.n_layers
-        head["dtype"], head["model"] = fp.dtype.encode(), fp.model.encode()[:256]
-        head["epoch"] = secrets.randbits(63) | 1
-        head["engine_pid"] = os.getpid()
-        head["heartbeat_ns"] = time.time_ns()
-        del head
-        os.chmod(tmp, 0o666)  # the control API may run as another user in another container
-        os.replace(tmp, path)
-        return cls(path, mm)
+        fd = os.open(tmp, os.O_RDWR | os.O_CREAT | os.O_TRUNC, 0o600)
+        try:
+            os.ftruncate(fd, total)
+            head = np.zeros(1, dtype=HEADER)
+            head["magic"], head["layout"], head["n_slots"] = MAGIC, LAYOUT, n_slots
+            head["hidden"], head["n_layers"] = fp.hidden, fp.n_layers
+            head["dtype"], head["model"] = fp.dtype.encode(), fp.model.encode()[:256]
+            head["epoch"] = secrets.randbits(63) | 1
+            head["engine_pid"] = os.getpid()
+            head["heartbeat_ns"] = time.time_ns()
+            os.pwrite(fd, head.tobytes(), 0)
+            if group is not None:
+                os.fchown(fd, -1, group)
+            os.fchmod(fd, FILE_MODE)  # the control API: the engine's user, or its group
+            os.replace(tmp, path)
+        except BaseException:
+            os.close(fd)
+            raise
+        return cls(path, fd)
 
     def set_armed(self, layers: list[int]) -> None:
-        self.header["armed"][:] = 0
-        self.header["armed"][layers] = 1
-        self.header["armed_count"] = len(layers)
+        armed = np.zeros(HEADER["armed"].shape, dtype=np.uint8)
+        armed[layers] = 1
+        self._set("armed", armed)
+        self._set("armed_count", len(layers))
 
     def publish_startup(self, slot: int, vector_id: str, layer: int, row: np.ndarray) -> None:
         """Record a vector the engine loaded itself, as a pinned, engine-owned slot."""
-        d = self.directory[slot]
-        d["gen"], d["state"], d["layer"] = 1, ACTIVE, layer
-        d["flags"], d["vector_id"] = FLAG_PINNED | FLAG_STARTUP, vector_id.encode()
-        self.rows[slot] = row
-        d["seq"] = int(d["seq"]) + 2
-        self.engine[slot]["applied_seq"] = int(d["seq"])
-        self.engine[slot]["state"] = ACTIVE
+        entry = np.zeros(1, dtype=DIRECTORY)
+        entry["gen"], entry["state"], entry["layer"] = 1, ACTIVE, layer
+        entry["flags"], entry["vector_id"] = FLAG_PINNED | FLAG_STARTUP, vector_id.encode()
+        self._write_entry(slot, entry, row)
+        self._engine["applied_seq"][slot], self._engine["state"][slot] = self._read_seq(slot), ACTIVE
+        self._write_engine(slot, slot + 1)
+
+    def target_gen(self) -> int:
+        return self._get("target_gen")
 
     def pending(self) -> tuple[int, list[SlotEntry], int]:
-        """``(target_gen, consistent changed entries, torn count)`` since the last ack."""
-        target = int(self.header["target_gen"])
-        seqs = self.directory["seq"].copy()
-        changed = np.flatnonzero(seqs != self.engine["applied_seq"])
+        """``(target_gen, consistent changed entries, torn count)`` since the last ack.
+
+        Each entry's ``problem`` is set when it must not be applied (:func:`entry_problem`).
+        """
+        self._check_size()
+        target = self.target_gen()
+        seqs = self.directory["seq"]
+        changed = np.flatnonzero(seqs != self._engine["applied_seq"])
+        fp = self.fingerprint
         entries, torn = [], 0
         for slot in changed.tolist():
-            state = int(self.directory[slot]["state"])
-            e = self.read_entry(slot, with_row=state == ACTIVE)
+            e = self.read_entry(slot, with_row=True)
             if e is None:
-                torn += 1
-            else:
-                entries.append(e)
+                stuck = self._stuck(slot, int(seqs[slot]))
+                if stuck is None:
+                    torn += 1
+                else:
+                    entries.append(stuck)
+                continue
+            self._torn.pop(slot, None)
+            if e.state != ACTIVE:
+                e = SlotEntry(e.slot, e.seq, e.gen, e.state, e.layer, e.flags, e.vector_id, None)
+            problem = entry_problem(e, fp.n_layers, fp.dtype)
+            entries.append(e if problem is None else SlotEntry(
+                e.slot, e.seq, e.gen, e.state, e.layer, e.flags, e.vector_id, None, problem))
         return target, entries, torn
 
+    def _stuck(self, slot: int, seq: int) -> SlotEntry | None:
+        """A rejected entry for a seqlock left odd for ``STUCK_S`` (no writer takes that long)."""
+        seen, since = self._torn.get(slot, (None, 0.0))
+        now = time.monotonic()
+        if seen != seq:
+            self._torn[slot] = (seq, now)
+            return None
+        if now - since < STUCK_S:
+            return None
+        del self._torn[slot]
+        return SlotEntry(slot, seq, 0, FREE, ANY_LAYER, 0, "", None, "stuck mid-write (seqlock odd)")
+
+    def _check_size(self) -> None:
+        """A write past the end of a truncated file would silently grow it again: refuse first."""
+        try:
+            size = os.fstat(self._fd).st_size
+        except OSError as e:
+            raise MailboxError(f"cannot stat {self.path}: {e}") from None
+        if size < self._total:
+            raise MailboxError(f"{self.path} was truncated ({size} < {self._total} bytes)")
+
     def ack(self, entry: SlotEntry) -> None:
-        self.engine[entry.slot]["state"] = entry.state
-        self.engine[entry.slot]["applied_seq"] = entry.seq
+        """The engine applied ``entry``; a rejected one is acknowledged as holding nothing."""
+        self._engine["state"][entry.slot] = FREE if entry.problem else entry.state
+        self._engine["applied_seq"][entry.slot] = entry.seq
+        self._write_engine(entry.slot, entry.slot + 1)
 
     def publish(self, applied_gen: int | None, inflight: np.ndarray, last_used_ns: np.ndarray) -> None:
-        """Per-slot references first, then the applied generation (readers trust refs once acked)."""
-        self.engine["inflight"] = inflight
-        self.engine["last_used_ns"] = last_used_ns
+        """Per-slot references first, then the counters and the applied generation (readers
+        trust references once a retirement is acked)."""
+        self._check_size()
+        e = self._engine
+        changed = np.flatnonzero((e["inflight"] != inflight) | (e["last_used_ns"] != last_used_ns))
+        if changed.size:
+            e["inflight"], e["last_used_ns"] = inflight, last_used_ns
+            self._write_engine(int(changed[0]), int(changed[-1]) + 1)
+        self._set("counters", self._counters)
         if applied_gen is not None:
-            self.header["applied_gen"] = applied_gen
+            self._set("applied_gen", applied_gen)
+
+    def _write_engine(self, lo: int, hi: int) -> None:
+        self._write(self._eng_off + ENGINE.itemsize * lo, self._engine[lo:hi])
 
     def add_counter(self, name: str, n: int = 1) -> None:
-        self.header["counters"][COUNTER_INDEX[name]] += n
+        self._counters[COUNTER_INDEX[name]] += n
 
     def set_counter(self, name: str, value: int) -> None:
-        self.header["counters"][COUNTER_INDEX[name]] = value
+        self._counters[COUNTER_INDEX[name]] = value
 
-    def beat(self) -> None:
-        self.header["heartbeat_ns"] = time.time_ns()
+    def beat(self, at_ns: int | None = None) -> None:
+        """Publish the counters and a sign of life (``at_ns``: a given time, for tests)."""
+        self._check_size()
+        self._set("counters", self._counters)
+        self._set("heartbeat_ns", time.time_ns() if at_ns is None else at_ns)
 
 
-class ControlMailbox(_Mapped):
+class ControlMailbox(_Mailbox):
     """The control API's side: attach, write and retire slots, read the engine's acks."""
 
     @classmethod
     def attach(cls, path: str) -> "ControlMailbox":
+        fd = _open(path, writable=True)
         try:
-            mm = _map(path, writable=True)
-        except FileNotFoundError:
-            raise MailboxError(f"no mailbox at {path}: is the engine up with hotwire loaded?") from None
-        box = cls(path, mm)
-        box.inode = os.stat(path).st_ino
-        return box
+            return cls(path, fd)
+        except BaseException:
+            os.close(fd)
+            raise
 
     def replaced(self) -> bool:
-        """True when the engine has re-created the file since we attached (engine restart)."""
+        """True when the file at the path is no longer the one attached (engine restart), or the
+        attached file shrank under us."""
         try:
-            return os.stat(self.path).st_ino != self.inode
-        except FileNotFoundError:
+            if os.stat(self.path).st_ino != self.inode:
+                return True
+            return os.fstat(self._fd).st_size < self._total
+        except (FileNotFoundError, OSError):
             return True
 
     def heartbeat_age_s(self) -> float:
-        return max(0.0, (time.time_ns() - int(self.header["heartbeat_ns"])) / 1e9)
+        return max(0.0, (time.time_ns() - self._get("heartbeat_ns")) / 1e9)
 
     def write(self, slot: int, vector_id: str, layer: int, row: np.ndarray, gen: int, flags: int = 0) -> None:
-        d = self.directory[slot]
-        seq = int(d["seq"])
-        d["seq"] = seq + 1
-        d["gen"], d["state"], d["layer"], d["flags"] = gen, ACTIVE, layer, flags
-        d["vector_id"] = vector_id.encode()
-        self.rows[slot] = row
-        d["seq"] = seq + 2
-        self.header["target_gen"] = int(self.header["target_gen"]) + 1
+        entry = self._entry(slot)
+        entry["gen"], entry["state"], entry["layer"], entry["flags"] = gen, ACTIVE, layer, flags
+        entry["vector_id"] = vector_id.encode()
+        self._write_entry(slot, entry, row)
+        self._bump()
 
     def retire(self, slot: int) -> None:
-        d = self.directory[slot]
-        if int(d["state"]) != ACTIVE:
+        entry = self._entry(slot)
+        if int(entry["state"][0]) != ACTIVE:
             return
-        seq = int(d["seq"])
-        d["seq"] = seq + 1
-        d["state"] = RETIRING
-        d["seq"] = seq + 2
-        self.header["target_gen"] = int(self.header["target_gen"]) + 1
+        entry["state"] = RETIRING
+        self._write_entry(slot, entry, None)
+        self._bump()
+
+    def _bump(self) -> None:
+        self._set("target_gen", self._get("target_gen") + 1)
 
     def acked(self, slot: int) -> bool:
-        return int(self.engine[slot]["applied_seq"]) == int(self.directory[slot]["seq"])
+        return int(self._engine_entry(slot)["applied_seq"]) == self._read_seq(slot)
 
     def reusable(self, slot: int) -> bool:
         """FREE, or RETIRING with the engine's ack and no request in flight (invariant 6)."""
-        state = int(self.directory[slot]["state"])
+        state = int(self._entry(slot)["state"][0])
         if state == FREE:
             return True
-        return state == RETIRING and self.acked(slot) and int(self.engine[slot]["inflight"]) == 0
+        return state == RETIRING and self.acked(slot) and int(self._engine_entry(slot)["inflight"]) == 0
 
     def in_sync(self) -> bool:
-        return int(self.header["applied_gen"]) >= int(self.header["target_gen"])
+        return self._get("applied_gen") >= self._get("target_gen")
 
 
-class MailboxView(_Mapped):
+class MailboxView(_Mailbox):
     """Read-only access, for processes that only look (the engine core's prefix-cache salt)."""
 
     @classmethod
     def open(cls, path: str) -> "MailboxView":
-        view = cls(path, _map(path, writable=False))
-        view.inode = os.stat(path).st_ino
-        return view
+        fd = _open(path, writable=False)
+        try:
+            return cls(path, fd)
+        except BaseException:
+            os.close(fd)
+            raise
 
     def generations(self) -> dict[str, int]:
-        """``{vector id: generation}`` of every ACTIVE slot."""
-        d = self.directory.copy()
+        """``{vector id: generation}`` of every ACTIVE slot with a valid id."""
+        d = self.directory
         live = d[d["state"] == ACTIVE]
         out: dict[str, int] = {}
-        for vid, gen in zip(live["vector_id"].tolist(), live["gen"].tolist()):
-            out[vid.decode()] = max(int(gen), out.get(vid.decode(), 0))
+        for raw, gen in zip(live["vector_id"].tolist(), live["gen"].tolist()):
+            vid = _text(raw)
+            if valid_id(vid):
+                out[vid] = max(int(gen), out.get(vid, 0))
         return out

@@ -54,6 +54,26 @@ def test_entries_add_scaled_rows_on_their_positions_only():
     assert torch.equal(t(x, pos, t.layer(1)), x)  # the other armed layer has no entries
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])
+def test_a_steered_token_saturates_and_an_unsteered_one_keeps_even_infinities(dtype):
+    """Invariant 8's backstop: a sum past the dtype's range is clamped to its largest finite
+    value, never rounded to inf; an unsteered token's own inf is left as it is (invariant 1)."""
+    top = torch.finfo(dtype).max
+    bank = torch.zeros(3, H, dtype=dtype)
+    bank[1], bank[2] = top, -top
+    route = torch.zeros(3, 2, 4, dtype=torch.int32)
+    route[0, 0], route[0, 1] = _entry(1, 0, NO_END, 1.0), _entry(1, 0, NO_END, 1.0)  # top + top + top
+    route[1, 0] = _entry(2, 0, NO_END, 4.0)  # -4 top
+    x = torch.full((3, H), top, dtype=dtype)
+    x[1] = 1.0
+    x[2] = float("inf")  # token 2 is unsteered
+    out = reference(x, torch.zeros(3, dtype=torch.long), bank, route)
+    assert torch.isfinite(out[:2]).all()
+    assert torch.equal(out[0], torch.full((H,), top, dtype=dtype))
+    assert torch.equal(out[1], torch.full((H,), -top, dtype=dtype))
+    assert torch.equal(out[2], x[2])
+
+
 def test_steered_request_keeps_its_bits_outside_its_window():
     t = _tables()
     t.route[1, 0, 0] = _entry(3, 100, 200, 2.0)  # a window no token is in
@@ -209,6 +229,19 @@ def test_triton_kernel_matches_the_reference(n, h, dtype):
         assert torch.equal(got[off].cpu().view(torch.uint8), x[off].cpu().view(torch.uint8))
         torch.testing.assert_close(got.cpu(), want, rtol=1e-2 if dtype != torch.float32 else 1e-5, atol=1e-2)
         torch.library.opcheck(torch.ops.hotwire.steer.default, at)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16, torch.float32])
+def test_triton_kernel_saturates_like_the_reference(dtype):
+    top = torch.finfo(dtype).max
+    x, pos, bank, route = _random_tables(64, 1024, dtype, "cuda", seed=3)
+    bank[1:] = top  # every entry that is on now overflows
+    for layer in range(route.shape[1]):
+        at = (x, pos, bank, route[:, layer])
+        got = torch.ops.hotwire.steer(*at)
+        assert torch.isfinite(got).all()
+        torch.testing.assert_close(got.cpu(), reference(*[a.cpu() for a in at]), rtol=1e-2, atol=0)
 
 
 @pytest.mark.parametrize("spec,want", [("all", [0, 1, 2, 3]), ("1,3", [1, 3]), ("0-2", [0, 1, 2]),
