@@ -382,24 +382,34 @@ class PostgresCatalog:
     # Listener ----------------------------------------------------------------------------
 
     def _listen(self, conn: psycopg.Connection | None) -> None:
-        """Follow the shared catalog until :meth:`close`; reconnect with backoff on failures."""
-        backoff = BACKOFF_S[0]
+        """Follow the shared catalog until :meth:`close`.
+
+        A connection that worked and broke is replaced at once (a proxy or an administrator may
+        cut one connection of a server that is up); only when that fails is the database
+        reported unreachable, and retried with backoff.
+        """
+        backoff, connected = BACKOFF_S[0], conn is not None
         while not self._stop.is_set():
             try:
                 if conn is None:
                     conn = self._connect(listener=True)
                     conn.execute(f"LISTEN {CHANNEL}")
                     self._catch_up(conn)
-                    log.warning("catalog database %s reachable again; caught up to change %d",
-                                self.where, self._seen_seq)
-                    self._problem = None
-                    backoff = BACKOFF_S[0]
+                    if self._problem is not None:
+                        log.warning("catalog database %s reachable again; caught up to change %d",
+                                    self.where, self._seen_seq)
+                    self._problem, backoff, connected = None, BACKOFF_S[0], True
                 self._follow(conn)
             except psycopg.Error as e:
                 if conn is not None:
                     conn.close()
                 conn = None
                 reason = " ".join(str(e).split()) or type(e).__name__
+                if connected:
+                    connected = False
+                    log.warning("catalog listener connection to %s lost (%s); reconnecting",
+                                self.where, reason)
+                    continue
                 if self._problem is None:
                     log.warning("catalog database %s unreachable (%s): serving the last catalog "
                                 "read, retrying", self.where, reason)
