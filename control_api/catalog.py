@@ -6,12 +6,20 @@ table keeps a high-water mark), because the engine salts prefix-cache keys with 
 registered again under an old id must never pass for the earlier one (invariant 5).
 
 Metadata of every vector is kept in memory (it is small and this process is the only writer);
-vector bytes are read from disk when a vector is pushed to an engine.
+vector bytes are read from disk when a vector is pushed to an engine. Memory changes only after
+a transaction commits, so a failed write (a full disk) leaves memory and disk as they were.
+
+The database file is watched (invariant 7): when the path no longer names the file that was
+opened (the state directory removed, the file replaced), every later write would land in a file
+nobody will ever read again. :meth:`Catalog.problem` notices, marks the catalog lost for good and
+every write from then on raises :class:`CatalogLost`; reads keep answering from memory.
 """
 
 from __future__ import annotations
 
 import json
+import logging
+import os
 import sqlite3
 import threading
 import time
@@ -46,6 +54,12 @@ CREATE TABLE IF NOT EXISTS generations (
 """
 _COLUMNS = "id, generation, dtype, shape, layers, pinned, metadata, created_at, updated_at"
 
+log = logging.getLogger("hotwire.control_api")
+
+
+class CatalogLost(RuntimeError):
+    """The database file this catalog opened is gone from its path; nothing can be persisted."""
+
 
 @dataclass(frozen=True)
 class VectorRecord:
@@ -72,6 +86,7 @@ class Catalog:
 
     def __init__(self, path: Path):
         path.parent.mkdir(parents=True, exist_ok=True)
+        self.path = path
         self._lock = threading.Lock()
         self._db = sqlite3.connect(path, isolation_level=None, check_same_thread=False)
         self._db.execute("PRAGMA journal_mode=WAL")
@@ -81,19 +96,57 @@ class Catalog:
             raise RuntimeError(f"{path} has catalog schema {version}; this build reads {SCHEMA_VERSION}")
         self._db.executescript(_SCHEMA)
         self._db.execute(f"PRAGMA user_version={SCHEMA_VERSION}")
+        self._identity = _identity(path)
+        self.lost: str | None = None
         rows = self._db.execute(f"SELECT {_COLUMNS} FROM vectors").fetchall()
         self._records = {r[0]: VectorRecord.from_row(r) for r in rows}
+        self._high_water: dict[str, int] = dict(
+            self._db.execute("SELECT id, last FROM generations").fetchall())
+
+    def problem(self) -> str | None:
+        """Why the catalog can no longer persist anything, or ``None``; sticky once lost.
+
+        Lost when ``path`` is missing or names another file than the one opened (device and
+        inode differ). Logged once, at ERROR.
+        """
+        if self.lost is None:
+            try:
+                now = _identity(self.path)
+            except FileNotFoundError:
+                now = None
+            if now != self._identity:
+                what = "removed" if now is None else "replaced by another file"
+                self.lost = (f"the catalog database {self.path} was {what} while the control API "
+                             "was running")
+                log.error("%s: refusing writes; reads answer from memory and the engine's slots are "
+                          "left as they are. Put the state directory back and restart the control "
+                          "API (a fresh catalog adopts what the engine holds)", self.lost)
+        return self.lost
+
+    def _require_present(self) -> None:
+        lost = self.problem()
+        if lost is not None:
+            raise CatalogLost(lost)
 
     @contextmanager
     def _transaction(self) -> Iterator[sqlite3.Connection]:
+        """One write transaction on a catalog that is still where it was opened.
+
+        SQLite may roll a failed statement's transaction back by itself (a full disk does), so
+        the rollback here runs only when one is still open. Checked again after the commit:
+        a write that landed in a removed file is not reported as done.
+        """
         with self._lock:
+            self._require_present()
             self._db.execute("BEGIN IMMEDIATE")
             try:
                 yield self._db
+                self._db.execute("COMMIT")
             except BaseException:
-                self._db.execute("ROLLBACK")
+                if self._db.in_transaction:
+                    self._db.execute("ROLLBACK")
                 raise
-            self._db.execute("COMMIT")
+            self._require_present()
 
     def records(self) -> dict[str, VectorRecord]:
         return dict(self._records)
@@ -109,13 +162,28 @@ class Catalog:
             raise KeyError(vector_id)
         return decode_safetensors(row[0])
 
+    def high_water(self, vector_id: str) -> int | None:
+        """The highest generation this catalog ever gave or saw for ``vector_id``, deletes included."""
+        return self._high_water.get(vector_id)
+
     def put(self, vector_id: str, vector: np.ndarray, *, dtype: str, layers: tuple[int, ...] | None,
-            pinned: bool, metadata: dict[str, Any]) -> VectorRecord:
-        """Create or replace ``vector_id`` under the next generation of that id."""
+            pinned: bool, metadata: dict[str, Any], generation: int | None = None) -> VectorRecord:
+        """Create or replace ``vector_id``, under the id's next generation or ``generation``.
+
+        ``generation`` keeps a generation an engine already holds (adoption); it must be newer
+        than the record it replaces. The high-water mark only ever grows.
+        """
+        old = self._records.get(vector_id)
+        if generation is not None and old is not None and generation <= old.generation:
+            raise ValueError(f"{vector_id}: generation {generation} is not newer than "
+                             f"{old.generation}")
         now = time.time()
         with self._transaction() as db:
-            generation = self._next_generation(db, vector_id)
-            old = self._records.get(vector_id)
+            last = self._stored_high_water(db, vector_id)
+            generation = last + 1 if generation is None else generation
+            high_water = max(generation, last)
+            db.execute("INSERT OR REPLACE INTO generations (id, last) VALUES (?, ?)",
+                       (vector_id, high_water))
             record = VectorRecord(vector_id, generation, dtype, tuple(vector.shape), layers, pinned,
                                   metadata, old.created_at if old else now, now)
             db.execute(
@@ -124,6 +192,7 @@ class Catalog:
                  None if layers is None else json.dumps(list(layers)), int(pinned),
                  json.dumps(metadata), record.created_at, now, encode_safetensors(vector)))
         self._records[vector_id] = record
+        self._high_water[vector_id] = high_water
         return record
 
     def delete(self, vector_id: str) -> bool:
@@ -135,16 +204,21 @@ class Catalog:
     def reserve_generation(self, vector_id: str, generation: int) -> None:
         """Record that ``generation`` was seen for ``vector_id`` (e.g. in an engine's mailbox)."""
         with self._transaction() as db:
-            db.execute("INSERT INTO generations (id, last) VALUES (?, ?) "
-                       "ON CONFLICT(id) DO UPDATE SET last = max(last, excluded.last)",
-                       (vector_id, generation))
+            high_water = max(generation, self._stored_high_water(db, vector_id))
+            db.execute("INSERT OR REPLACE INTO generations (id, last) VALUES (?, ?)",
+                       (vector_id, high_water))
+        self._high_water[vector_id] = high_water
 
-    def _next_generation(self, db: sqlite3.Connection, vector_id: str) -> int:
+    @staticmethod
+    def _stored_high_water(db: sqlite3.Connection, vector_id: str) -> int:
         row = db.execute("SELECT last FROM generations WHERE id = ?", (vector_id,)).fetchone()
-        generation = (row[0] if row else 0) + 1
-        db.execute("INSERT OR REPLACE INTO generations (id, last) VALUES (?, ?)", (vector_id, generation))
-        return generation
+        return row[0] if row else 0
 
     def close(self) -> None:
         with self._lock:
             self._db.close()
+
+
+def _identity(path: Path) -> tuple[int, int]:
+    st = os.stat(path)
+    return st.st_dev, st.st_ino
