@@ -21,7 +21,12 @@ def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--host", help=f"interface to listen on (${env['host']}, default 0.0.0.0)")
     parser.add_argument("--port", type=int, help=f"port (${env['port']}, default 8001)")
     parser.add_argument("--mailbox", type=Path, help=f"engine mailbox file (${env['mailbox']})")
-    parser.add_argument("--state-dir", type=Path, help=f"catalog directory (${env['state_dir']})")
+    parser.add_argument("--state-dir", type=Path, help=f"catalog directory (${env['state_dir']}, "
+                        "default $XDG_STATE_HOME/hotwire, /var/lib/hotwire as root, else "
+                        "~/.local/state/hotwire)")
+    parser.add_argument("--unknown-vectors", choices=["adopt", "retire"],
+                        help="engine vectors the catalog does not know: adopt them into the "
+                        f"catalog (default) or retire them (${env['unknown_vectors']})")
     parser.add_argument("--log-level", default="info",
                         choices=["critical", "error", "warning", "info", "debug"])
     parser.set_defaults(run=run)
@@ -34,7 +39,7 @@ def run(args: argparse.Namespace) -> int:
 
     try:
         settings = Settings.from_env(host=args.host, port=args.port, mailbox=args.mailbox,
-                                     state_dir=args.state_dir)
+                                     state_dir=args.state_dir, unknown_vectors=args.unknown_vectors)
     except ValidationError as e:
         print(f"hotwire control-api: bad setting: {e}", file=sys.stderr)
         return 2

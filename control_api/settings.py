@@ -10,18 +10,38 @@ from __future__ import annotations
 import os
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Any, ClassVar
+from typing import Any, ClassVar, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, SecretStr
 
 from hotwire.shared.mailbox import DEFAULT_MAILBOX
 
 
+def default_state_dir(environ: Mapping[str, str] | None = None, euid: int | None = None) -> Path:
+    """Where the catalog lives unless told: never relative to the working directory, so starting
+    the control API from another folder cannot open an empty catalog by accident.
+
+    ``$XDG_STATE_HOME/hotwire`` if that is an absolute path (the XDG spec ignores relative
+    ones), else ``/var/lib/hotwire`` for root, else ``~/.local/state/hotwire``.
+    """
+    environ = os.environ if environ is None else environ
+    euid = os.geteuid() if euid is None else euid
+    xdg = environ.get("XDG_STATE_HOME", "")
+    if xdg and Path(xdg).is_absolute():
+        return Path(xdg) / "hotwire"
+    if euid == 0:
+        return Path("/var/lib/hotwire")
+    return Path.home() / ".local" / "state" / "hotwire"
+
+
 class Settings(BaseModel):
     model_config = ConfigDict(frozen=True)
 
     mailbox: Path = Field(Path(DEFAULT_MAILBOX), description="engine mailbox file to attach to")
-    state_dir: Path = Field(Path("hotwire-state"), description="directory of the SQLite catalog")
+    state_dir: Path = Field(default_factory=default_state_dir,
+                            description="directory of the SQLite catalog")
+    unknown_vectors: Literal["adopt", "retire"] = Field(
+        "adopt", description="what to do with engine vectors the catalog does not know")
     token: SecretStr | None = Field(None, description="bearer token for writes; unset = open")
     catalog_dsn: SecretStr | None = Field(
         None, description="postgresql:// DSN of a catalog shared by replicas; unset = SQLite in "
@@ -35,6 +55,7 @@ class Settings(BaseModel):
     ENV: ClassVar[dict[str, str]] = {
         "mailbox": "HOTWIRE_MAILBOX",
         "state_dir": "HOTWIRE_STATE_DIR",
+        "unknown_vectors": "HOTWIRE_UNKNOWN_VECTORS",
         "token": "HOTWIRE_TOKEN",
         "catalog_dsn": "HOTWIRE_CATALOG_DSN",
         "max_upload_bytes": "HOTWIRE_MAX_UPLOAD_BYTES",
@@ -53,6 +74,7 @@ class Settings(BaseModel):
         environ = os.environ if environ is None else environ
         values: dict[str, Any] = {f: environ[v] for f, v in cls.ENV.items() if environ.get(v)}
         values.update({k: v for k, v in overrides.items() if v is not None})
+        values.setdefault("state_dir", default_state_dir(environ))
         return cls.model_validate(values)
 
     @property
