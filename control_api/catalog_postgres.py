@@ -27,7 +27,8 @@ import json
 import logging
 import threading
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass
 from typing import Any, TypeVar
 
 import numpy as np
@@ -73,6 +74,19 @@ CREATE TABLE IF NOT EXISTS hotwire_vectors (
     created_at  double precision NOT NULL,
     updated_at  double precision NOT NULL
 );
+CREATE TABLE IF NOT EXISTS hotwire_replicas (
+    replica  text PRIMARY KEY,
+    seen_at  timestamptz NOT NULL         -- its last residency publish, by the database's clock
+);
+CREATE TABLE IF NOT EXISTS hotwire_residency (
+    replica     text NOT NULL REFERENCES hotwire_replicas ON DELETE CASCADE,
+    vector_id   text NOT NULL,
+    generation  bigint NOT NULL,          -- the catalog generation this state is about
+    state       text NOT NULL,            -- as GET /steer/vectors says it on that replica
+    reason      text,
+    PRIMARY KEY (replica, vector_id)
+);
+CREATE INDEX IF NOT EXISTS hotwire_residency_vector ON hotwire_residency (vector_id);
 """.format(version=SCHEMA_VERSION)
 _RECORD = ("v.id, v.generation, v.dtype, v.shape::text, v.layers::text, v.pinned, "
            "v.metadata::text, v.created_at, v.updated_at")
@@ -84,7 +98,30 @@ _CONNECT_DEFAULTS = {"connect_timeout": "5", "keepalives": "1", "keepalives_idle
                      "keepalives_interval": "5", "keepalives_count": "3",
                      "tcp_user_timeout": "15000"}
 
+FORGET_REPLICA_S = 3600.0  # a replica that published nothing for this long is dropped
+
 T = TypeVar("T")
+
+
+@dataclass(frozen=True)
+class Residence:
+    """Where one catalog vector stands on one replica's engine."""
+
+    generation: int
+    state: str  # a ResidencyState of the slot manager: resident, not_resident, incompatible, ...
+    reason: str | None = None
+
+
+@dataclass(frozen=True)
+class ReplicaResidence:
+    """One replica's last published report on one vector; ``state`` is ``None`` when that
+    replica's report does not mention the vector."""
+
+    replica: str
+    generation: int | None
+    state: str | None
+    reason: str | None
+    age_s: float  # since that replica last published (any vector), by the database's clock
 
 
 def describe_dsn(dsn: str) -> str:
@@ -121,6 +158,7 @@ class PostgresCatalog:
         self._records: dict[str, VectorRecord] = {}
         self._versions: dict[str, int] = {}  # id -> seq of the change held in memory
         self._high_water: dict[str, int] = {}
+        self._published: dict[str, dict[str, Residence]] = {}  # replica -> its last report
         self._seen_seq = 0  # catalog seq last caught up to (listener thread only)
         self._problem: str | None = None
         self._stop = threading.Event()
@@ -268,6 +306,47 @@ class PostgresCatalog:
         seq, high_water = self._write(write)
         with self._memory:
             self._high_water[vector_id] = max(high_water, self._high_water.get(vector_id, 0))
+
+    # Residency: which replica's engine holds what ------------------------------------------
+
+    def publish_residency(self, replica: str, report: Mapping[str, Residence],
+                          forget_after_s: float = FORGET_REPLICA_S) -> None:
+        """Replace ``replica``'s report with ``report`` (every catalog vector, as its engine
+        holds it) and mark the replica seen. Only rows that changed since this process's last
+        publish are written; replicas silent for ``forget_after_s`` are dropped. 503 while the
+        database is unreachable."""
+        report = dict(report)
+        before = self._published.get(replica, {})
+        changed = [(replica, vid, r.generation, r.state, r.reason) for vid, r in report.items()
+                   if before.get(vid) != r]
+
+        def write(conn: psycopg.Connection) -> None:
+            conn.execute("INSERT INTO hotwire_replicas (replica, seen_at) VALUES (%s, now()) "
+                         "ON CONFLICT (replica) DO UPDATE SET seen_at = now()", (replica,))
+            if replica not in self._published or set(before) - set(report):
+                conn.execute("DELETE FROM hotwire_residency WHERE replica = %s "
+                             "AND NOT (vector_id = ANY(%s))", (replica, list(report)))
+            with conn.cursor() as cur:
+                cur.executemany(
+                    "INSERT INTO hotwire_residency (replica, vector_id, generation, state, reason) "
+                    "VALUES (%s, %s, %s, %s, %s) ON CONFLICT (replica, vector_id) DO UPDATE SET "
+                    "generation = excluded.generation, state = excluded.state, "
+                    "reason = excluded.reason", changed)
+            conn.execute("DELETE FROM hotwire_replicas WHERE seen_at < now() - make_interval("
+                         "secs => %s)", (forget_after_s,))
+
+        self._write(write)
+        self._published[replica] = report
+
+    def residency(self, vector_id: str) -> list[ReplicaResidence]:
+        """Every known replica's last report on ``vector_id``, by replica name (a replica that
+        has not mentioned it has ``state=None``): for ``GET /steer/vectors/{id}``."""
+        rows = self._run(lambda conn: conn.execute(
+            "SELECT r.replica, s.generation, s.state, s.reason, "
+            "extract(epoch FROM now() - r.seen_at)::float8 FROM hotwire_replicas r "
+            "LEFT JOIN hotwire_residency s ON s.replica = r.replica AND s.vector_id = %s "
+            "ORDER BY r.replica", (vector_id,)).fetchall())
+        return [ReplicaResidence(*row) for row in rows]
 
     def close(self) -> None:
         self._stop.set()

@@ -20,7 +20,7 @@ import pytest
 from pydantic import SecretStr
 
 from hotwire.control_api.catalog import Catalog
-from hotwire.control_api.catalog_postgres import PostgresCatalog
+from hotwire.control_api.catalog_postgres import PostgresCatalog, ReplicaResidence, Residence
 from hotwire.control_api.catalog_store import CatalogStore
 
 from control_harness import FP, TOKEN, EnginePump, Rig, exact_vector, json_body, wait_until
@@ -166,6 +166,32 @@ def test_two_catalogs_on_one_database_follow_each_other(dsn, pg):
                              "WHERE id = 'while_cut'", (seq,))
         wait_until(lambda: a.get("while_cut").pinned and b.get("while_cut").pinned, 3,
                    "the poll to find an unnotified write")
+    finally:
+        a.close()
+        b.close()
+
+
+def test_residency_reports_are_per_replica(dsn):
+    """Each replica publishes where the catalog's vectors stand on its engine; any replica reads
+    every replica's report of a vector, including the ones that do not hold it."""
+    a, b = PostgresCatalog(dsn), PostgresCatalog(dsn)
+    try:
+        a.publish_residency("a", {"x": Residence(1, "resident"), "y": Residence(2, "resident")})
+        b.publish_residency("b", {"x": Residence(1, "not_resident", "no room: 8 of 8 pinned")})
+        assert [(r.replica, r.generation, r.state, r.reason) for r in b.residency("x")] == [
+            ("a", 1, "resident", None), ("b", 1, "not_resident", "no room: 8 of 8 pinned")]
+        assert [(r.replica, r.state) for r in a.residency("y")] == [("a", "resident"), ("b", None)]
+        assert all(isinstance(r, ReplicaResidence) and 0 <= r.age_s < 5 for r in a.residency("y"))
+
+        a.publish_residency("a", {"x": Residence(3, "resident")})  # y deleted, x replaced
+        b.publish_residency("b", {"x": Residence(3, "resident")})
+        assert [(r.replica, r.generation, r.state) for r in b.residency("x")] == [
+            ("a", 3, "resident"), ("b", 3, "resident")]
+        assert [r.state for r in b.residency("y")] == [None, None]
+
+        time.sleep(0.3)
+        b.publish_residency("b", {"x": Residence(3, "resident")}, forget_after_s=0.2)
+        assert [r.replica for r in a.residency("x")] == ["b"]  # a went silent: forgotten
     finally:
         a.close()
         b.close()
