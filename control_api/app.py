@@ -15,7 +15,7 @@ from importlib.metadata import version
 
 from fastapi import FastAPI
 
-from .catalog_store import open_catalog
+from .catalog_store import catalog_location, open_catalog
 from .dependencies import Services
 from .engine_link import EngineLink
 from .errors import install_error_handlers
@@ -35,9 +35,13 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         if settings.token is None:
             log.warning("HOTWIRE_TOKEN is not set: anyone who can reach this API can change vectors")
         catalog = open_catalog(settings)
+        log.info("catalog %s: %d vector(s); engine vectors it does not know are %s",
+                 catalog_location(settings), len(catalog.records()),
+                 "adopted" if settings.unknown_vectors == "adopt" else "retired")
         link = EngineLink(settings.mailbox)
         manager = SlotManager(catalog, link, evict_timeout_s=settings.evict_timeout_s,
-                              heartbeat_timeout_s=settings.heartbeat_timeout_s)
+                              heartbeat_timeout_s=settings.heartbeat_timeout_s,
+                              unknown_vectors=settings.unknown_vectors)
         app.state.services = Services(settings, catalog, manager, Metrics(catalog, manager))
         async with manager.lock:
             manager.reconcile()

@@ -12,7 +12,7 @@ from prometheus_client import CollectorRegistry, Counter, generate_latest
 from prometheus_client.metrics_core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
-from .catalog import Catalog
+from .catalog_store import CatalogStore
 from .slots import SlotManager
 
 UNSTEERED = "unsteered_"
@@ -21,7 +21,7 @@ UNSTEERED = "unsteered_"
 class StateCollector(Collector):
     """Catalog, slot table and engine counters, as they are when scraped."""
 
-    def __init__(self, catalog: Catalog, slots: SlotManager):
+    def __init__(self, catalog: CatalogStore, slots: SlotManager):
         self.catalog, self.slots = catalog, slots
 
     def collect(self) -> Iterator[Metric]:
@@ -29,6 +29,10 @@ class StateCollector(Collector):
         records = self.catalog.records().values()
         yield GaugeMetricFamily("hotwire_catalog_vectors", "Vectors in the catalog",
                                 value=len(records))
+        yield GaugeMetricFamily("hotwire_catalog_writable",
+                                "0 when the catalog cannot persist writes (e.g. its file was "
+                                "removed or replaced while running)",
+                                value=int(self.catalog.problem() is None))
         yield GaugeMetricFamily("hotwire_engine_attached", "1 when an engine mailbox is attached",
                                 value=int(view is not None))
         resident = GaugeMetricFamily("hotwire_resident_vectors",
@@ -69,10 +73,13 @@ class StateCollector(Collector):
         yield from (resident, used, total, heartbeat, lag, steered, unsteered, applied, torn, steps, host)
         yield CounterMetricFamily("hotwire_evicted_vectors", "Vectors evicted to make room",
                                   value=self.slots.evicted_total)
+        yield CounterMetricFamily("hotwire_adopted_vectors",
+                                  "Engine vectors the catalog did not know, adopted into it",
+                                  value=self.slots.adopted_total)
 
 
 class Metrics:
-    def __init__(self, catalog: Catalog, slots: SlotManager):
+    def __init__(self, catalog: CatalogStore, slots: SlotManager):
         self.registry = CollectorRegistry()
         self.uploads = Counter("hotwire_uploads", "Vector uploads by HTTP status", ["status"],
                                registry=self.registry)

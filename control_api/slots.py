@@ -3,11 +3,18 @@
 The mailbox directory is the record of what is resident; nothing here caches it, so a restart
 of either side is handled by reading it again (invariant 7):
 
-- :meth:`SlotManager.reconcile` (every ``RECONCILE_PERIOD_S``) attaches to the engine, retires
-  slots the catalog does not want (deleted vectors, old generations, leftovers of an earlier
-  control API) and writes catalog vectors that are missing into free slots. It never evicts.
+- :meth:`SlotManager.reconcile` (every ``RECONCILE_PERIOD_S``) attaches to the engine, adopts
+  vectors the engine holds that the catalog does not know (see :mod:`.adoption`; retired
+  instead, each with a WARNING, when ``unknown_vectors="retire"`` is chosen), retires slots the
+  catalog does not want (deleted vectors, old generations) and writes catalog vectors that are
+  missing into free slots. It never evicts.
 - :meth:`SlotManager.register` writes an upload, evicting least-recently-used idle vectors when
-  the table is full; :meth:`SlotManager.remove` retires a vector's slots.
+  the table is full; :meth:`SlotManager.remove` retires a vector's slots. Both write the catalog
+  before any row goes into the mailbox, and write nothing more when that fails.
+
+While the catalog cannot persist writes (``catalog.problem()``: the SQLite file removed or
+replaced, 503 ``catalog_lost``; PostgreSQL unreachable) the API is unready, writes are refused
+and the reconciler retires and adopts nothing.
 
 A slot is reused only through the mailbox's two-phase protocol (invariant 6): retire, wait until
 the engine has acknowledged and no request holds it, then write. A replace writes the new rows
@@ -25,28 +32,25 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections import defaultdict
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
+from datetime import datetime, timezone
 from typing import Literal
 
-import numpy as np
-
-from hotwire.shared.mailbox import (
-    ACTIVE,
-    FLAG_PINNED,
-    FLAG_STARTUP,
-    FREE,
-    RETIRING,
-    ControlMailbox,
-    Fingerprint,
-)
+from hotwire.shared.mailbox import ACTIVE, FLAG_PINNED, ControlMailbox
 from hotwire.shared.wire import VectorError
 
-from .catalog import Catalog, VectorRecord
+from .adoption import Adoption, UnknownVectors, plan_adoptions, verdict
+from .catalog import CatalogLost, VectorRecord
+from .catalog_store import CatalogStore
 from .engine_link import EngineLink
 from .errors import ApiError
 from .placement import mailbox_rows, target_layers
+from .snapshot import EngineView, SlotUse, TableSnapshot, reusable_slots
 from .uploads import Upload
+
+__all__ = ["EngineView", "Residency", "ResidencyState", "SlotManager"]
 
 log = logging.getLogger("hotwire.control_api")
 
@@ -54,90 +58,7 @@ RECONCILE_PERIOD_S = 0.2
 POLL_S = 0.01  # while waiting for the engine to release evicted slots
 
 
-@dataclass(frozen=True)
-class SlotUse:
-    """One non-free slot: its directory entry and the engine's view of it."""
-
-    slot: int
-    vector_id: str
-    layer: int
-    generation: int
-    state: int
-    flags: int
-    inflight: int
-    last_used_ns: int
-    acked: bool
-
-    @property
-    def pinned(self) -> bool:
-        return bool(self.flags & FLAG_PINNED)
-
-    @property
-    def startup(self) -> bool:
-        return bool(self.flags & FLAG_STARTUP)
-
-
-def reusable_slots(box: ControlMailbox) -> list[int]:
-    """Slots that may be written now: FREE, or RETIRING, acked, and held by no request."""
-    d, e = box.directory, box.engine
-    state = d["state"]
-    ok = (state == FREE) | ((state == RETIRING) & (e["applied_seq"] == d["seq"]) & (e["inflight"] == 0))
-    return np.flatnonzero(ok).tolist()
-
-
-class TableSnapshot:
-    """The slot table of a mailbox at one moment."""
-
-    def __init__(self, box: ControlMailbox):
-        d, e = box.directory.copy(), box.engine.copy()
-        acked = e["applied_seq"] == d["seq"]
-        state = d["state"]
-        self.n_slots = box.n_slots
-        self.reusable = np.flatnonzero(
-            (state == FREE) | ((state == RETIRING) & acked & (e["inflight"] == 0))).tolist()
-        # Retired, held by no request, only the engine's ack missing: reusable within a step.
-        self.draining = np.flatnonzero((state == RETIRING) & ~acked & (e["inflight"] == 0)).tolist()
-        self.uses = [
-            SlotUse(s, d["vector_id"][s].decode(), int(d["layer"][s]), int(d["gen"][s]),
-                    int(state[s]), int(d["flags"][s]), int(e["inflight"][s]),
-                    int(e["last_used_ns"][s]), bool(acked[s]))
-            for s in np.flatnonzero(state != FREE).tolist()]
-        self.active: dict[str, list[SlotUse]] = defaultdict(list)
-        for use in self.uses:
-            if use.state == ACTIVE:
-                self.active[use.vector_id].append(use)
-
-    @property
-    def used(self) -> int:
-        return self.n_slots - len(self.reusable)
-
-    def startup_ids(self) -> set[str]:
-        return {u.vector_id for u in self.uses if u.startup and u.state == ACTIVE}
-
-
-@dataclass(frozen=True)
-class EngineView:
-    """What an attached engine's mailbox showed at one moment."""
-
-    fingerprint: Fingerprint
-    epoch: int
-    pid: int
-    armed: tuple[int, ...]
-    target_gen: int
-    applied_gen: int
-    heartbeat_age_s: float
-    counters: dict[str, int]
-    table: TableSnapshot
-
-    @classmethod
-    def read(cls, box: ControlMailbox) -> EngineView:
-        hd = box.header
-        return cls(box.fingerprint, box.epoch, int(hd["engine_pid"]), tuple(box.armed_layers()),
-                   int(hd["target_gen"]), int(hd["applied_gen"]), box.heartbeat_age_s(),
-                   box.counters(), TableSnapshot(box))
-
-
-ResidencyState = Literal["resident", "not_resident", "incompatible", "no_engine"]
+ResidencyState = Literal["resident", "queued", "not_resident", "incompatible", "no_engine"]
 
 
 @dataclass(frozen=True)
@@ -154,16 +75,19 @@ class Residency:
 
 
 class SlotManager:
-    def __init__(self, catalog: Catalog, link: EngineLink, *, evict_timeout_s: float,
-                 heartbeat_timeout_s: float):
+    def __init__(self, catalog: CatalogStore, link: EngineLink, *, evict_timeout_s: float,
+                 heartbeat_timeout_s: float, unknown_vectors: UnknownVectors = "adopt"):
         self.catalog = catalog
         self.link = link
         self.evict_timeout_s = evict_timeout_s
         self.heartbeat_timeout_s = heartbeat_timeout_s
+        self.unknown_vectors = unknown_vectors
         self.lock = asyncio.Lock()
         self.evicted_total = 0
+        self.adopted_total = 0
         self.reconcile_error: str | None = None
         self._problems: dict[str, str] = {}  # id -> why it cannot go on the attached engine
+        self._unadoptable: dict[str, str] = {}  # id -> why its slots are left alone
 
     # Reading -----------------------------------------------------------------------------
 
@@ -174,9 +98,13 @@ class SlotManager:
     def readiness_problem(self) -> str | None:
         """Why the engine cannot be steered through this API now, or ``None``.
 
-        Ready: attached, layers armed, heartbeat fresh, the last reconcile pass clean, and the
-        engine not stuck on a mailbox generation (see :class:`SyncWatch`).
+        Ready: the catalog where it was opened, attached, layers armed, heartbeat fresh, the
+        last reconcile pass clean, and the engine not stuck on a mailbox generation (see
+        :class:`SyncWatch`).
         """
+        lost = self.catalog.problem()
+        if lost is not None:
+            return f"{lost}; writes are refused"
         box = self.link.box
         if box is None:
             return self.link.problem
@@ -194,6 +122,9 @@ class SlotManager:
         return None
 
     def residency(self, record: VectorRecord, view: EngineView | None) -> Residency:
+        """Resident once every row is in the table of an engine that beats; rows written into
+        the table of an engine whose heartbeat is stale are ``queued``: nothing applies them
+        until it beats again."""
         if view is None:
             return Residency("no_engine", self.link.problem, ())
         if not view.armed:
@@ -206,6 +137,9 @@ class SlotManager:
                              if u.generation == record.generation and u.layer in layers))
         if record.id in self._problems:
             return Residency("incompatible", self._problems[record.id], slots)
+        if view.heartbeat_age_s > self.heartbeat_timeout_s:
+            return Residency("queued", f"engine heartbeat is {view.heartbeat_age_s:.0f}s old; the "
+                             "vector will be applied when the engine beats again", slots)
         if {layer for _, layer in slots} >= set(layers):
             return Residency("resident", None, slots)
         return Residency("not_resident", "waiting for free slots (evicted, or the table is full)",
@@ -217,9 +151,12 @@ class SlotManager:
         """Catalog and write ``upload``; returns the record and whether it is new.
 
         Raises :class:`ApiError` (409, 503, 507) or :class:`VectorError` (422), in which case
-        the catalog is unchanged.
+        the catalog is unchanged; so does a catalog write that fails (``sqlite3.Error``, e.g. a
+        full disk), and then no row is written (vectors evicted for room come back by the
+        reconciler, as after an eviction timeout).
         """
         async with self.lock:
+            self._require_catalog()
             box = self._engine()
             fp = box.fingerprint
             layers = target_layers(upload.vector.shape, upload.layers, fp, box.armed_layers())
@@ -234,10 +171,10 @@ class SlotManager:
                                "of the engine (HOTWIRE_VECTORS); pick another id")
             own = [u.slot for u in table.active.get(upload.vector_id, ())]
             slots = await self._make_room(box, table, len(rows), upload.vector_id)
-            record = self.catalog.put(upload.vector_id, upload.vector, dtype=upload.dtype,
-                                      layers=None if upload.layers is None else layers,
-                                      pinned=upload.pinned,
-                                      metadata=upload.metadata)
+            with self._catalog_write():
+                record = self.catalog.put(upload.vector_id, upload.vector, dtype=upload.dtype,
+                                          layers=None if upload.layers is None else layers,
+                                          pinned=upload.pinned, metadata=upload.metadata)
             flags = FLAG_PINNED if record.pinned else 0
             for slot, (layer, row) in zip(slots, rows, strict=True):
                 box.write(slot, record.id, layer, row, record.generation, flags)
@@ -249,19 +186,33 @@ class SlotManager:
 
     async def remove(self, vector_id: str) -> None:
         async with self.lock:
+            self._require_catalog()
             if self.catalog.get(vector_id) is None:
                 box = self.link.box
                 if box is not None and vector_id in TableSnapshot(box).startup_ids():
                     raise ApiError(409, "startup_vector", f"{vector_id!r} is a startup vector of "
                                    "the engine (HOTWIRE_VECTORS); remove it there")
                 raise ApiError(404, "not_found", f"no vector {vector_id!r}")
-            self.catalog.delete(vector_id)
+            with self._catalog_write():
+                self.catalog.delete(vector_id)
             self._problems.pop(vector_id, None)
             box = self.link.box
             if box is not None:
                 for use in TableSnapshot(box).active.get(vector_id, ()):
                     box.retire(use.slot)
             log.info("removed %s", vector_id)
+
+    def _require_catalog(self) -> None:
+        lost = self.catalog.problem()
+        if lost is not None:
+            raise _lost_error(lost)
+
+    @contextmanager
+    def _catalog_write(self) -> Iterator[None]:
+        try:
+            yield
+        except CatalogLost as e:
+            raise _lost_error(str(e)) from None
 
     def _engine(self) -> ControlMailbox:
         box = self.link.box
@@ -310,10 +261,11 @@ class SlotManager:
         records = self.catalog.records()
         ranked = []
         for vector_id, uses in table.active.items():
-            if vector_id == exclude or any(u.pinned or u.startup or u.inflight for u in uses):
-                continue
             record = records.get(vector_id)
-            registered_ns = int(record.updated_at * 1e9) if record else 0
+            if (record is None or vector_id == exclude
+                    or any(u.pinned or u.startup or u.inflight for u in uses)):
+                continue  # vectors the catalog does not hold could not come back
+            registered_ns = int(record.updated_at * 1e9)
             ranked.append((max(registered_ns, *(u.last_used_ns for u in uses)), vector_id, uses))
         return [(vector_id, uses) for _, vector_id, uses in sorted(ranked)]
 
@@ -357,19 +309,24 @@ class SlotManager:
             await asyncio.sleep(RECONCILE_PERIOD_S)
 
     def reconcile(self) -> None:
-        """One pass: (re)attach, retire what the catalog does not want, write what is missing.
+        """One pass: (re)attach, adopt, retire what the catalog does not want, write what is
+        missing. With the catalog lost, only the last: nothing is adopted or retired.
 
         Caller holds :attr:`lock`.
         """
         if self.link.refresh():
             self._problems.clear()
+            self._unadoptable.clear()
         box = self.link.box
+        lost = self.catalog.problem()
         if box is None:
             return
         self.link.observe_sync()
         armed = box.armed_layers()
         if not armed:
             return
+        if lost is None and self.unknown_vectors == "adopt":
+            self._adopt(box, TableSnapshot(box))
         fp = box.fingerprint
         records = self.catalog.records()
         wanted: dict[str, tuple[int, ...]] = {}
@@ -379,8 +336,43 @@ class SlotManager:
             except VectorError as e:
                 self._note_problem(record.id, e.detail)
         table = TableSnapshot(box)
-        self._retire_unwanted(box, table, records, wanted)
+        if lost is None:
+            self._retire_unwanted(box, table, records, wanted)
         self._write_missing(box, table, records, wanted)
+
+    def _adopt(self, box: ControlMailbox, table: TableSnapshot) -> None:
+        adoptions, problems = plan_adoptions(box, table, self.catalog)
+        for adoption in adoptions:
+            with self._catalog_write():
+                self.catalog.put(adoption.vector_id, adoption.vector, dtype="float32",
+                                 layers=adoption.layers, pinned=adoption.pinned,
+                                 metadata=self._adoption_note(box, adoption),
+                                 generation=adoption.generation)
+            self.adopted_total += 1
+            self._unadoptable.pop(adoption.vector_id, None)
+            if adoption.replaces is None:
+                why = "the catalog does not know it"
+            else:
+                why = (f"the engine holds a later write than the catalog's generation "
+                       f"{adoption.replaces}")
+            log.warning("adopted %s generation %d from slots %s of the engine (%s); "
+                        "set unknown_vectors=retire (HOTWIRE_UNKNOWN_VECTORS) to retire such "
+                        "vectors instead", adoption.vector_id, adoption.generation,
+                        list(adoption.slots), why)
+        for vector_id, problem in problems.items():
+            if self._unadoptable.get(vector_id) != problem:
+                log.warning("left the engine's slots of %s alone: not in the catalog, and cannot "
+                            "be adopted: %s", vector_id, problem)
+            self._unadoptable[vector_id] = problem
+
+    def _adoption_note(self, box: ControlMailbox, adoption: Adoption) -> dict[str, object]:
+        note: dict[str, object] = {
+            "mailbox": str(self.link.path), "epoch": f"{box.epoch:x}",
+            "slots": list(adoption.slots),
+            "at": datetime.now(timezone.utc).isoformat(timespec="seconds")}
+        if adoption.replaces is not None:
+            note["replaced_generation"] = adoption.replaces
+        return {"adopted": note}
 
     def _retire_unwanted(self, box: ControlMailbox, table: TableSnapshot,
                          records: dict[str, VectorRecord], wanted: dict[str, tuple[int, ...]]) -> None:
@@ -389,17 +381,35 @@ class SlotManager:
             if use.state != ACTIVE or use.startup:
                 continue
             record = records.get(use.vector_id)
+            found = verdict(use, record, self.catalog.high_water(use.vector_id))
             key = (use.vector_id, use.layer)
-            if (record is not None and use.generation == record.generation
-                    and use.layer in wanted.get(use.vector_id, ()) and key not in kept):
-                kept.add(key)
+            if found == "keep":
+                if use.layer in wanted.get(use.vector_id, ()) and key not in kept:
+                    kept.add(key)
+                    continue
+                why = "a duplicate row" if key in kept else "a layer the vector does not use here"
+            elif found == "stale":
+                why = f"older than the catalog's generation {record.generation}"
+            elif found == "deleted":
+                why = "deleted from the catalog"
+            elif self.unknown_vectors == "adopt":
+                continue  # could not be adopted (logged by _adopt): left as it is
+            else:
+                self._retire_unknown(box, use, found)
                 continue
-            if record is None or use.generation > record.generation:
-                # Keep generations monotonic even for ids this catalog never saw.
-                self.catalog.reserve_generation(use.vector_id, use.generation)
             box.retire(use.slot)
-            log.info("retired slot %d (%s, layer %d, generation %d): not wanted by the catalog",
-                     use.slot, use.vector_id, use.layer, use.generation)
+            log.info("retired slot %d (%s, layer %d, generation %d): %s",
+                     use.slot, use.vector_id, use.layer, use.generation, why)
+
+    def _retire_unknown(self, box: ControlMailbox, use: SlotUse, found: str) -> None:
+        """The explicit choice ``unknown_vectors="retire"``; generations stay monotonic."""
+        with self._catalog_write():
+            self.catalog.reserve_generation(use.vector_id, use.generation)
+        box.retire(use.slot)
+        what = "not in the catalog" if found == "unknown" else "newer than the catalog's record"
+        log.warning("retired slot %d (%s, layer %d, generation %d): %s; chosen by "
+                    "unknown_vectors=retire (HOTWIRE_UNKNOWN_VECTORS)",
+                    use.slot, use.vector_id, use.layer, use.generation, what)
 
     def _write_missing(self, box: ControlMailbox, table: TableSnapshot,
                        records: dict[str, VectorRecord], wanted: dict[str, tuple[int, ...]]) -> None:
@@ -427,3 +437,10 @@ class SlotManager:
         if self._problems.get(vector_id) != problem:
             log.warning("vector %s cannot go on this engine: %s", vector_id, problem)
         self._problems[vector_id] = problem
+
+
+def _lost_error(lost: str) -> ApiError:
+    return ApiError(503, "catalog_lost", f"{lost}. Writes are refused so that nothing is "
+                    "acknowledged that would not survive a restart; reads answer from memory and "
+                    "the engine keeps its vectors. Put the state directory back and restart the "
+                    "control API.")

@@ -23,6 +23,7 @@ import uvicorn
 from pydantic import SecretStr
 
 from hotwire.control_api.app import create_app
+from hotwire.control_api.dependencies import Services
 from hotwire.control_api.settings import Settings
 from hotwire.shared.mailbox import ACTIVE, EngineMailbox, Fingerprint
 
@@ -138,7 +139,8 @@ class ServerThread:
         self.sock = socket.socket()
         self.sock.bind(("127.0.0.1", 0))
         self.url = f"http://127.0.0.1:{self.sock.getsockname()[1]}"
-        config = uvicorn.Config(create_app(settings), log_level="warning", lifespan="on")
+        self.app = create_app(settings)
+        config = uvicorn.Config(self.app, log_level="warning", lifespan="on")
         self.server = uvicorn.Server(config)
         self._thread = threading.Thread(target=self.server.run, kwargs={"sockets": [self.sock]},
                                         daemon=True)
@@ -171,7 +173,11 @@ class Rig:
         self.engine = EnginePump(self.settings.mailbox, **kwargs)
         return self.engine
 
-    def start_api(self) -> httpx.Client:
+    def start_api(self, **changes: Any) -> httpx.Client:
+        """Start the control API, with ``changes`` to the settings from here on (another
+        ``state_dir``, ``unknown_vectors``, ...)."""
+        if changes:
+            self.settings = self.settings.model_copy(update=changes)
         self.server = ServerThread(self.settings).start()
         self.http = httpx.Client(base_url=self.server.url, timeout=30,
                                  headers={"Authorization": f"Bearer {TOKEN}"})
@@ -188,6 +194,10 @@ class Rig:
         self.stop_api()
         if self.engine is not None:
             self.engine.stop()
+
+    def services(self) -> Services:
+        """The running control API's services (its real catalog, slot manager, ...)."""
+        return self.server.app.state.services
 
     # Helpers over HTTP ------------------------------------------------------------------
 
