@@ -317,13 +317,16 @@ class PostgresCatalog:
         database is unreachable."""
         report = dict(report)
         before = self._published.get(replica, {})
-        changed = [(replica, vid, r.generation, r.state, r.reason) for vid, r in report.items()
-                   if before.get(vid) != r]
+        every = [(replica, vid, r.generation, r.state, r.reason) for vid, r in report.items()]
+        changed = [row for row in every if before.get(row[1]) != report[row[1]]]
 
         def write(conn: psycopg.Connection) -> None:
-            conn.execute("INSERT INTO hotwire_replicas (replica, seen_at) VALUES (%s, now()) "
-                         "ON CONFLICT (replica) DO UPDATE SET seen_at = now()", (replica,))
-            if replica not in self._published or set(before) - set(report):
+            (new,) = conn.execute(
+                "INSERT INTO hotwire_replicas AS r (replica, seen_at) VALUES (%s, now()) "
+                "ON CONFLICT (replica) DO UPDATE SET seen_at = now() RETURNING r.xmax = 0",
+                (replica,)).fetchone()  # xmax 0: inserted, i.e. no rows of it survived
+            rows = every if new else changed
+            if new or replica not in self._published or set(before) - set(report):
                 conn.execute("DELETE FROM hotwire_residency WHERE replica = %s "
                              "AND NOT (vector_id = ANY(%s))", (replica, list(report)))
             with conn.cursor() as cur:
@@ -331,7 +334,7 @@ class PostgresCatalog:
                     "INSERT INTO hotwire_residency (replica, vector_id, generation, state, reason) "
                     "VALUES (%s, %s, %s, %s, %s) ON CONFLICT (replica, vector_id) DO UPDATE SET "
                     "generation = excluded.generation, state = excluded.state, "
-                    "reason = excluded.reason", changed)
+                    "reason = excluded.reason", rows)
             conn.execute("DELETE FROM hotwire_replicas WHERE seen_at < now() - make_interval("
                          "secs => %s)", (forget_after_s,))
 
@@ -438,8 +441,8 @@ class PostgresCatalog:
     def _apply_changes(self, rows: Iterable[tuple]) -> None:
         """Rows of :data:`_CHANGES` into memory."""
         for vector_id, seq, high_water, *record in rows:
-            self._apply(vector_id, None if record[0] is None else VectorRecord.from_row(tuple(record)),
-                        seq, high_water)
+            found = None if record[0] is None else VectorRecord.from_row(tuple(record))
+            self._apply(vector_id, found, seq, high_water)
 
     def _refresh(self, conn: psycopg.Connection, ids: list[str]) -> None:
         """Re-read these ids' latest change (record or deletion) into memory."""

@@ -56,7 +56,8 @@ class PgCluster:
         self.bindir = find_bindir()
         assert self.bindir is not None, why_unavailable()
         self.root = Path(tempfile.mkdtemp(prefix="hotwire-pg-"))
-        self.data, self.sockets, self.log = self.root / "data", self.root / "run", self.root / "pg.log"
+        self.data, self.sockets = self.root / "data", self.root / "run"
+        self.log = self.root / "pg.log"
         self.port = _free_port()
         self._as_user: list[str] = []
         if os.geteuid() == 0:

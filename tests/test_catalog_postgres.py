@@ -71,7 +71,8 @@ def test_backends_keep_one_contract(open_catalog):
     v = exact_vector(FP.n_layers, H, seed=1)
     first = cat.put("a", v, dtype="bfloat16", layers=(0, 2), pinned=True,
                     metadata={"who": "me", "n": [1, 2]})
-    assert (first.generation, first.shape, first.layers, first.pinned) == (1, (FP.n_layers, H), (0, 2), True)
+    assert (first.generation, first.shape, first.layers, first.pinned) == (
+        1, (FP.n_layers, H), (0, 2), True)
     assert first.metadata == {"who": "me", "n": [1, 2]} and first.dtype == "bfloat16"
     assert cat.get("a") == first and cat.records() == {"a": first} and cat.high_water("a") == 1
     np.testing.assert_array_equal(cat.load("a"), v)
@@ -106,7 +107,8 @@ def test_backends_keep_one_contract(open_catalog):
             cat.put("c", flat, dtype="float32", layers=None, pinned=True, metadata={},
                     generation=stale)
     assert cat.get("c") == adopted
-    assert cat.put("c", flat, dtype="float32", layers=None, pinned=False, metadata={}).generation == 8
+    assert cat.put("c", flat, dtype="float32", layers=None, pinned=False,
+                   metadata={}).generation == 8
     assert cat.put("c", flat, dtype="float32", layers=None, pinned=False, metadata={},
                    generation=20).generation == 20
     cat.put("d", flat, dtype="float32", layers=None, pinned=False, metadata={})
@@ -192,6 +194,9 @@ def test_residency_reports_are_per_replica(dsn):
         time.sleep(0.3)
         b.publish_residency("b", {"x": Residence(3, "resident")}, forget_after_s=0.2)
         assert [r.replica for r in a.residency("x")] == ["b"]  # a went silent: forgotten
+        a.publish_residency("a", {"x": Residence(3, "resident")})  # unchanged, but forgotten
+        assert [(r.replica, r.state) for r in b.residency("x")] == [("a", "resident"),
+                                                                    ("b", "resident")]
     finally:
         a.close()
         b.close()
