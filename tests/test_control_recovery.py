@@ -181,9 +181,9 @@ def test_a_push_on_a_full_disk_writes_no_row_and_changes_nothing(rig):
     big = {"note": "x" * 20_000}
     with _full_disk(rig.services().catalog):
         r = rig.push("c", exact_vector(H), metadata=big)
-        assert r.status_code >= 500
+        assert r.status_code == 507, r.text
         r = rig.push("a", exact_vector(H, seed=5), replace=True, metadata=big)
-        assert r.status_code >= 500
+        assert r.status_code == 507, r.text
     time.sleep(3 * RECONCILE_PERIOD_S)
     assert rig.catalog() == listed
     assert _directory(rig) == table
@@ -192,6 +192,25 @@ def test_a_push_on_a_full_disk_writes_no_row_and_changes_nothing(rig):
     assert {k: v["generation"] for k, v in rig.catalog().items()} == \
         {k: v["generation"] for k, v in listed.items()}
     assert rig.push("c", exact_vector(H), metadata=big).json()["generation"] == 1
+
+
+def test_a_vector_evicted_for_a_push_that_hits_a_full_disk_comes_back(tmp_path):
+    rig = Rig(tmp_path)
+    rig.start_engine(n_slots=1)
+    rig.start_api()
+    try:
+        only = exact_vector(H, seed=1)
+        assert rig.push("only", only).status_code == 201
+        wait_until(lambda: rig.engine.bound, what="only applied")
+        with _full_disk(rig.services().catalog):
+            r = rig.push("second", exact_vector(H, seed=2), metadata={"note": "x" * 20_000})
+            assert r.status_code == 507, r.text
+        assert list(rig.catalog()) == ["only"]
+        assert rig.engine.entries("second") == {}
+        wait_until(lambda: rig.resident("only"), what="the evicted vector written again")
+        np.testing.assert_array_equal(rig.engine.entries("only")[ANY_LAYER][2], only)
+    finally:
+        rig.stop()
 
 
 # An engine that stopped beating -------------------------------------------------------------
