@@ -7,7 +7,14 @@ import pytest
 import torch
 from safetensors.torch import save
 
-from hotwire.shared.wire import ModelShape, VectorError, check_vector, decode_base64, decode_safetensors
+from hotwire.shared.wire import (
+    ModelShape,
+    VectorError,
+    check_vector,
+    decode_base64,
+    decode_safetensors,
+    read_safetensors,
+)
 
 MODEL = ModelShape(n_layers=3, hidden=8, dtype="bfloat16")
 
@@ -57,3 +64,29 @@ def test_fp16_model_refuses_values_that_would_overflow():
     with pytest.raises(VectorError):
         check_vector(np.full(8, 1e6, np.float32), ModelShape(3, 8, "float16"))
     assert check_vector(np.full(8, 1e6, np.float32), MODEL).max() == 1e6
+
+
+# Hardening (issue 12) ----------------------------------------------------------------------
+
+@pytest.mark.parametrize("shape", [[2**32, 2**32], [2**62, 4], [2**64 + 1]])
+def test_a_shape_whose_element_count_overflows_is_a_bad_shape(shape):
+    for data in ("", "AAAA"):
+        with pytest.raises(VectorError) as err:
+            decode_base64(data, "float32", shape)
+        assert err.value.code == "bad_shape"
+
+
+def test_long_base64_decodes_in_slices_exactly_as_in_one_go():
+    values = np.random.default_rng(0).random(2**20 + 1, dtype=np.float32)  # padding at the end
+    text = base64.b64encode(values.tobytes()).decode()
+    assert len(text) > 4 * 2**20 and text.endswith("=")
+    np.testing.assert_array_equal(decode_base64(text, "float32", [values.size]), values)
+    for bad in (text[:2**20 - 4] + "AA==" + text[2**20:], text[:-1] + "*"):
+        with pytest.raises(VectorError) as err:
+            decode_base64(bad, "float32", [values.size])
+        assert err.value.code == "bad_encoding"
+
+
+def test_read_safetensors_names_the_stored_element_type():
+    vector, dtype = read_safetensors(save({"v": torch.zeros(3, 8, dtype=torch.bfloat16)}))
+    assert (vector.shape, vector.dtype, dtype) == ((3, 8), np.float32, "bfloat16")
