@@ -4,29 +4,43 @@
 what to do. Codes in use:
 
 =====  =========================================================================
-401    ``unauthorized``: missing or wrong bearer token on a write
+401    ``unauthorized``: missing or wrong bearer token on a write (or on a read, when
+       ``HOTWIRE_READ_TOKEN`` is set)
 404    ``not_found``: unknown vector id or route
-405    ``method_not_allowed``
+405    ``method_not_allowed`` (the ``Allow`` header lists every method of the path;
+       ``OPTIONS`` on a known path answers 204 with it)
 409    ``exists`` (id taken; use replace), ``startup_vector`` (id owned by the engine)
 413    ``too_large``: request body over the upload limit
 415    ``unsupported_media_type``: upload neither JSON nor multipart
 422    ``invalid_request``, ``bad_id``, ``bad_layers``, and the vector codes of
        :class:`hotwire.shared.wire.VectorError`: ``bad_dtype``, ``bad_shape``,
        ``bad_encoding``, ``not_finite``
-503    ``no_engine``, ``engine_starting``, ``engine_unresponsive``, ``engine_restarted``
-507    ``no_space`` (nothing evictable), ``evict_timeout`` (evicted slots stayed busy)
+500    ``internal_error``: a bug; the traceback is logged
+503    ``no_engine``, ``engine_starting``, ``engine_unresponsive``, ``engine_restarted``,
+       ``busy`` (uploads waited too long for their turn)
+507    ``no_space`` (nothing evictable), ``evict_timeout`` (evicted slots stayed busy),
+       ``disk_full`` (the catalog could not be written; nothing was changed)
 =====  =========================================================================
 """
 
 from __future__ import annotations
 
-from fastapi import FastAPI, Request
+import errno
+import logging
+import sqlite3
+
+from fastapi import FastAPI, Request, Response
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from pydantic import BaseModel
 from starlette.exceptions import HTTPException
+from starlette.routing import Match
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from hotwire.shared.wire import VectorError
+
+log = logging.getLogger("hotwire.control_api")
+_SQLITE_FULL = 13  # sqlite3.SQLITE_FULL, named there from Python 3.11 on
 
 
 class ErrorDetail(BaseModel):
@@ -61,6 +75,8 @@ _HTTP_CODES = {404: "not_found", 405: "method_not_allowed"}
 
 
 def install_error_handlers(app: FastAPI) -> None:
+    """Every failure answers with the error body, whatever raised it."""
+
     async def api_error(_: Request, exc: ApiError) -> JSONResponse:
         return error_response(exc.status, exc.code, exc.message, exc.headers)
 
@@ -70,7 +86,9 @@ def install_error_handlers(app: FastAPI) -> None:
     async def validation_error(_: Request, exc: RequestValidationError) -> JSONResponse:
         return error_response(422, "invalid_request", describe_validation(exc.errors()))
 
-    async def http_error(_: Request, exc: HTTPException) -> JSONResponse:
+    async def http_error(request: Request, exc: HTTPException) -> Response:
+        if exc.status_code == 405:
+            return _method_not_allowed(request)
         code = _HTTP_CODES.get(exc.status_code, f"http_{exc.status_code}")
         return error_response(exc.status_code, code, str(exc.detail), exc.headers)
 
@@ -78,6 +96,77 @@ def install_error_handlers(app: FastAPI) -> None:
     app.add_exception_handler(VectorError, vector_error)
     app.add_exception_handler(RequestValidationError, validation_error)
     app.add_exception_handler(HTTPException, http_error)
+    app.add_middleware(UnhandledErrors)
+
+
+def _method_not_allowed(request: Request) -> Response:
+    """405 with every method the path serves (Starlette names only the first route's), or, for
+    ``OPTIONS``, 204 with the same ``Allow``."""
+    methods = {"OPTIONS"}
+    for route in request.app.router.routes:
+        match, _ = route.matches(request.scope)
+        if match != Match.NONE:
+            methods |= getattr(route, "methods", None) or set()
+    allow = {"Allow": ", ".join(sorted(methods))}
+    if request.method == "OPTIONS":
+        return Response(status_code=204, headers=allow)
+    return error_response(405, "method_not_allowed", f"{request.method} is not served at "
+                          f"{request.url.path}; allowed: {allow['Allow']}", allow)
+
+
+class UnhandledErrors:
+    """ASGI middleware: an exception no handler took still answers with the error body.
+
+    A full disk under the catalog is 507 ``disk_full`` (the write was rolled back); anything
+    else is 500 ``internal_error`` with its traceback logged. Once a response has started, the
+    exception goes on to the server, which closes the connection.
+    """
+
+    def __init__(self, app: ASGIApp):
+        self.app = app
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        started = False
+
+        async def watch(message: Message) -> None:
+            nonlocal started
+            started = started or message["type"] == "http.response.start"
+            await send(message)
+
+        try:
+            await self.app(scope, receive, watch)
+        except Exception as exc:
+            if started:
+                raise
+            if _disk_full(exc):
+                log.error("%s %s: the catalog's disk is full: %s", scope["method"], scope["path"], exc)
+                response = error_response(507, "disk_full", "the catalog could not be written: its "
+                                          "disk is full; nothing was changed. Free space in the "
+                                          "state directory and retry")
+            else:
+                log.exception("%s %s failed", scope["method"], scope["path"])
+                response = error_response(500, "internal_error", f"internal error "
+                                          f"({type(exc).__name__}); the control API's log has the "
+                                          "traceback")
+            await response(scope, receive, send)
+
+
+def _disk_full(exc: BaseException | None) -> bool:
+    """SQLite's SQLITE_FULL or ENOSPC, on ``exc`` or anything it was raised from."""
+    seen = set()
+    while exc is not None and id(exc) not in seen:
+        seen.add(id(exc))
+        if isinstance(exc, sqlite3.OperationalError) and (
+                getattr(exc, "sqlite_errorcode", None) == _SQLITE_FULL
+                or "database or disk is full" in str(exc)):
+            return True
+        if isinstance(exc, OSError) and exc.errno == errno.ENOSPC:
+            return True
+        exc = exc.__cause__ or exc.__context__
+    return False
 
 
 def describe_validation(errors: list[dict]) -> str:

@@ -1,7 +1,7 @@
 """``hotwire control-api``: serve the control API with uvicorn.
 
-Flags override the environment (``HOTWIRE_*``, see :class:`Settings`); the token is read from
-``HOTWIRE_TOKEN`` only.
+Flags override the environment (``HOTWIRE_*``, see :class:`Settings`); the tokens are read from
+``HOTWIRE_TOKEN`` and ``HOTWIRE_READ_TOKEN`` only.
 """
 
 from __future__ import annotations
@@ -16,9 +16,21 @@ from pydantic import ValidationError
 from .settings import Settings
 
 
+AUTH_HELP = """\
+Bearer tokens, from the environment only (a flag would show in ps):
+  HOTWIRE_TOKEN       writes (POST, DELETE); reads accept it too. Unset: writes are open.
+  HOTWIRE_READ_TOKEN  reads (GET /steer/vectors, /steer/vectors/ID, /steer/slots, /metrics).
+                      Unset: reads are open. /healthz and /readyz are always open.
+The default bind is 127.0.0.1; in a container, listen on 0.0.0.0 (--host or HOTWIRE_HOST).
+"""
+
+
 def configure(parser: argparse.ArgumentParser) -> None:
     env = Settings.ENV
-    parser.add_argument("--host", help=f"interface to listen on (${env['host']}, default 0.0.0.0)")
+    parser.formatter_class = argparse.RawDescriptionHelpFormatter
+    parser.epilog = AUTH_HELP
+    parser.add_argument("--host", help=f"interface to listen on (${env['host']}, default "
+                        "127.0.0.1; 0.0.0.0 for every interface)")
     parser.add_argument("--port", type=int, help=f"port (${env['port']}, default 8001)")
     parser.add_argument("--mailbox", type=Path, help=f"engine mailbox file (${env['mailbox']})")
     parser.add_argument("--state-dir", type=Path, help=f"catalog directory (${env['state_dir']}, "

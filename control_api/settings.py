@@ -1,7 +1,7 @@
 """Control API settings: environment variables, overridden by command-line flags.
 
 Every setting has one environment variable (``Settings.ENV``) so a container is configured the
-same way whether it runs ``hotwire control-api`` or ``create_app`` directly. The bearer token is
+same way whether it runs ``hotwire control-api`` or ``create_app`` directly. The bearer tokens are
 read from the environment only: a secret on the command line leaks into ``ps``.
 """
 
@@ -43,13 +43,15 @@ class Settings(BaseModel):
     unknown_vectors: Literal["adopt", "retire"] = Field(
         "adopt", description="what to do with engine vectors the catalog does not know")
     token: SecretStr | None = Field(None, description="bearer token for writes; unset = open")
+    read_token: SecretStr | None = Field(None, description="bearer token for reads (the write "
+                                         "token works too); unset = reads open")
     catalog_dsn: SecretStr | None = Field(
         None, description="postgresql:// DSN of a catalog shared by replicas; unset = SQLite in "
         "state_dir")
     max_upload_bytes: int = Field(64 * 2**20, gt=0, description="largest accepted request body")
     heartbeat_timeout_s: float = Field(10.0, gt=0, description="engine heartbeat age that fails /readyz")
     evict_timeout_s: float = Field(5.0, ge=0, description="how long an upload waits for evicted slots")
-    host: str = "0.0.0.0"
+    host: str = Field("127.0.0.1", description="interface to listen on; containers say 0.0.0.0")
     port: int = Field(8001, ge=1, le=65535)
 
     ENV: ClassVar[dict[str, str]] = {
@@ -57,6 +59,7 @@ class Settings(BaseModel):
         "state_dir": "HOTWIRE_STATE_DIR",
         "unknown_vectors": "HOTWIRE_UNKNOWN_VECTORS",
         "token": "HOTWIRE_TOKEN",
+        "read_token": "HOTWIRE_READ_TOKEN",
         "catalog_dsn": "HOTWIRE_CATALOG_DSN",
         "max_upload_bytes": "HOTWIRE_MAX_UPLOAD_BYTES",
         "heartbeat_timeout_s": "HOTWIRE_HEARTBEAT_TIMEOUT_S",

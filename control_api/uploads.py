@@ -1,18 +1,26 @@
 """Read a vector upload: JSON with base64 values, or multipart with a safetensors file.
 
 Everything that needs no engine is checked here (size, content type, fields, id syntax, dtype,
-encoding); shape, finiteness and layers are checked against the attached engine's model by the
-slot manager. The body is read with a hard cap, so an oversized upload costs at most the cap.
+encoding, metadata); shape, finiteness and layers are checked against the attached engine's model
+by the slot manager. The body is read with a hard cap, so an oversized upload costs at most the
+cap, and at most :data:`MAX_CONCURRENT_UPLOADS` are read at once (see :class:`UploadGate`).
+Decoding runs on a worker thread, in slices that let the event loop run, so probes and reads
+answer while large uploads are decoded.
 """
 
 from __future__ import annotations
 
 import json
+import math
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
 from dataclasses import dataclass
 from typing import Any
 
+import anyio
+import anyio.lowlevel
 import numpy as np
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 from starlette.datastructures import UploadFile
 from starlette.exceptions import HTTPException
 from starlette.formparsers import MultiPartException
@@ -20,11 +28,43 @@ from starlette.requests import Request
 from starlette.types import Message, Scope
 
 from hotwire.shared.spec import ID_PATTERN, valid_id
-from hotwire.shared.wire import decode_base64, decode_safetensors, dtype_code
+from hotwire.shared.wire import DTYPE_NAMES, decode_base64, dtype_code, read_safetensors
 
 from .errors import ApiError, describe_validation
 
-_DTYPE_NAMES = {"F32": "float32", "F16": "float16", "BF16": "bfloat16", "F64": "float64"}
+MAX_CONCURRENT_UPLOADS = 2  # each costs up to about 4x the upload limit in memory while decoded
+UPLOAD_WAIT_S = 30.0  # how long an upload waits for its turn before a 503
+MAX_METADATA_DEPTH = 32  # nesting of metadata objects and lists
+_REPLAY_CHUNK = 2**20  # multipart bodies are parsed this many bytes per event-loop turn
+
+
+class UploadGate:
+    """At most ``limit`` uploads are read and decoded at once; the others wait for their turn
+    (their bodies unread, so waiting costs a connection, not memory), for ``wait_s`` at most,
+    then get 503 ``busy``."""
+
+    def __init__(self, limit: int = MAX_CONCURRENT_UPLOADS, wait_s: float = UPLOAD_WAIT_S):
+        self.limit, self.wait_s = limit, wait_s
+        self._turns = anyio.Semaphore(limit)
+
+    @property
+    def busy(self) -> int:
+        """Uploads being read or decoded now."""
+        return self.limit - self._turns.value
+
+    @asynccontextmanager
+    async def turn(self) -> AsyncIterator[None]:
+        try:
+            with anyio.fail_after(self.wait_s):
+                await self._turns.acquire()
+        except TimeoutError:
+            raise ApiError(503, "busy", f"{self.limit} uploads are being received already and none "
+                           f"finished within {self.wait_s:g}s; retry later",
+                           {"Retry-After": "5"}) from None
+        try:
+            yield
+        finally:
+            self._turns.release()
 
 
 class UploadOptions(BaseModel):
@@ -32,12 +72,31 @@ class UploadOptions(BaseModel):
 
     model_config = ConfigDict(extra="forbid")
 
-    id: str = Field(description=f"vector id, matching {ID_PATTERN}")
+    id: str = Field(description=f"vector id, matching {ID_PATTERN}",
+                    json_schema_extra={"pattern": ID_PATTERN})
     layers: list[int] | None = Field(None, description="decoder layers to materialise a "
                                      "[n_layers, hidden] vector on; default: every armed layer")
     pin: bool = Field(False, description="never evict this vector")
-    metadata: dict[str, Any] = Field(default_factory=dict, description="free-form JSON object")
+    metadata: dict[str, Any] = Field(default_factory=dict, description="free-form JSON object: "
+                                     f"finite numbers only, nested at most {MAX_METADATA_DEPTH} deep")
     replace: bool = Field(False, description="replace an existing vector of this id")
+
+    @field_validator("metadata")
+    @classmethod
+    def _plain_json(cls, value: dict[str, Any]) -> dict[str, Any]:
+        """Refuse what would not come back as it went in: NaN and infinities (JSON has none; they
+        would read back as null), and nesting past what can be stored and served."""
+        pending: list[tuple[Any, int]] = [(value, 1)]
+        while pending:
+            item, depth = pending.pop()
+            if isinstance(item, float) and not math.isfinite(item):
+                raise ValueError(f"holds a non-finite number ({item}), which JSON cannot carry")
+            if isinstance(item, (dict, list)):
+                if depth > MAX_METADATA_DEPTH:
+                    raise ValueError(f"nests deeper than {MAX_METADATA_DEPTH} levels")
+                children = item.values() if isinstance(item, dict) else item
+                pending.extend((child, depth + 1) for child in children)
+        return value
 
 
 class JsonUpload(UploadOptions):
@@ -57,7 +116,7 @@ FORM_SCHEMA = {
         "key": {"type": "string", "description": "tensor to take when the file holds several"},
         "layers": {"type": "string", "description": "JSON list or comma list, e.g. 10,11,12"},
         "pin": {"type": "boolean"},
-        "metadata": {"type": "string", "description": "JSON object"},
+        "metadata": {"type": "string", "description": "JSON object; empty means {}"},
         "replace": {"type": "boolean"},
     },
 }
@@ -79,14 +138,19 @@ class Upload:
 
 
 async def read_upload(request: Request, max_bytes: int) -> Upload:
-    body = await _read_capped(request, max_bytes)
+    """The upload in ``request``, or :class:`ApiError` / :class:`VectorError` saying what is wrong.
+
+    Callers hold a :meth:`UploadGate.turn`.
+    """
     content_type = request.headers.get("content-type", "").partition(";")[0].strip().lower()
+    if content_type not in ("application/json", "multipart/form-data"):
+        raise ApiError(415, "unsupported_media_type", f"content type {content_type or 'none'!r}: "
+                       "send application/json (base64 values) or multipart/form-data (a "
+                       "safetensors file)")
+    body = await _read_capped(request, max_bytes)
     if content_type == "application/json":
-        return _from_json(body)
-    if content_type == "multipart/form-data":
-        return await _from_form(request.scope, body)
-    raise ApiError(415, "unsupported_media_type", f"content type {content_type or 'none'!r}: send "
-                   "application/json (base64 values) or multipart/form-data (a safetensors file)")
+        return await anyio.to_thread.run_sync(_from_json, body)
+    return await _from_form(request.scope, body)
 
 
 async def _read_capped(request: Request, max_bytes: int) -> bytes:
@@ -111,12 +175,20 @@ def _from_json(body: bytes) -> Upload:
         raise ApiError(422, "invalid_request", describe_validation(e.errors())) from None
     _check_id(req.id)
     vector = decode_base64(req.data, req.dtype, req.shape)
-    return _upload(req, vector, _DTYPE_NAMES[dtype_code(req.dtype)])
+    return _upload(req, vector, DTYPE_NAMES[dtype_code(req.dtype)])
 
 
 async def _from_form(scope: Scope, body: bytes) -> Upload:
+    offset = 0
+
     async def replay() -> Message:
-        return {"type": "http.request", "body": body, "more_body": False}
+        """The body again, a slice per call, with a loop turn between slices: the multipart
+        parser runs on the event loop."""
+        nonlocal offset
+        await anyio.lowlevel.checkpoint()
+        chunk = body[offset:offset + _REPLAY_CHUNK]
+        offset += _REPLAY_CHUNK
+        return {"type": "http.request", "body": chunk, "more_body": offset < len(body)}
 
     try:
         form = await Request(scope, replay).form(max_files=1, max_fields=8)
@@ -129,21 +201,30 @@ async def _from_form(scope: Scope, body: bytes) -> Upload:
         if not isinstance(file, UploadFile):
             raise ApiError(422, "invalid_request", "multipart upload needs a `file` part "
                            "(a safetensors file)")
+        for name, value in fields.items():
+            if not isinstance(value, str):
+                raise ApiError(422, "invalid_request", f"`{name}` must be a form field, not a file")
         blob = await file.read()
-        key = fields.pop("key", None) or None
-        if "layers" in fields:
-            fields["layers"] = _parse_layers(str(fields["layers"]))
-        if "metadata" in fields:
-            fields["metadata"] = _parse_json_object(str(fields["metadata"]))
-        try:
-            options = UploadOptions.model_validate(fields)
-        except ValidationError as e:
-            raise ApiError(422, "invalid_request", describe_validation(e.errors())) from None
     finally:
         await form.close()
+    return await anyio.to_thread.run_sync(_decode_form, fields, blob)
+
+
+def _decode_form(fields: dict[str, str], blob: bytes) -> Upload:
+    key = fields.pop("key", None) or None
+    if "metadata" in fields and not fields["metadata"].strip():
+        del fields["metadata"]  # an empty field, as forms send an unset one: no metadata
+    if "layers" in fields:
+        fields["layers"] = _parse_layers(fields["layers"])
+    if "metadata" in fields:
+        fields["metadata"] = _parse_json_object(fields["metadata"])
+    try:
+        options = UploadOptions.model_validate(fields)
+    except ValidationError as e:
+        raise ApiError(422, "invalid_request", describe_validation(e.errors())) from None
     _check_id(options.id)
-    vector = decode_safetensors(blob, key)
-    return _upload(options, vector, _safetensors_dtype(blob, key))
+    vector, dtype = read_safetensors(blob, key)
+    return _upload(options, vector, dtype)
 
 
 def _upload(options: UploadOptions, vector: np.ndarray, dtype: str) -> Upload:
@@ -154,7 +235,7 @@ def _upload(options: UploadOptions, vector: np.ndarray, dtype: str) -> Upload:
 
 def _check_id(vector_id: str) -> None:
     if not valid_id(vector_id):
-        raise ApiError(422, "bad_id", f"id {vector_id!r} must match {ID_PATTERN}")
+        raise ApiError(422, "bad_id", f"id {_clip(vector_id)} must match {ID_PATTERN}")
 
 
 def _parse_layers(text: str) -> list[int]:
@@ -162,10 +243,10 @@ def _parse_layers(text: str) -> list[int]:
     try:
         layers = json.loads(text) if text.lstrip().startswith("[") else [
             int(part) for part in text.split(",") if part.strip()]
-    except ValueError:
+    except (ValueError, RecursionError):
         layers = None
     if not isinstance(layers, list) or not all(type(x) is int for x in layers):
-        raise ApiError(422, "bad_layers", f"layers {text!r} must be a JSON list or a comma "
+        raise ApiError(422, "bad_layers", f"layers {_clip(text)} must be a JSON list or a comma "
                        "list of layer indices")
     return layers
 
@@ -175,13 +256,14 @@ def _parse_json_object(text: str) -> dict[str, Any]:
         value = json.loads(text)
     except ValueError as e:
         raise ApiError(422, "invalid_request", f"metadata is not JSON: {e}") from None
+    except RecursionError:
+        raise ApiError(422, "invalid_request", f"metadata nests deeper than {MAX_METADATA_DEPTH} "
+                       "levels") from None
     if not isinstance(value, dict):
         raise ApiError(422, "invalid_request", "metadata must be a JSON object")
     return value
 
 
-def _safetensors_dtype(blob: bytes, key: str | None) -> str:
-    """Element type of the tensor :func:`decode_safetensors` took (the file is valid by now)."""
-    header = json.loads(blob[8:8 + int.from_bytes(blob[:8], "little")])
-    name = key or next(k for k in header if k != "__metadata__")
-    return _DTYPE_NAMES[header[name]["dtype"]]
+def _clip(text: str, limit: int = 80) -> str:
+    """``repr(text)``, shortened: error messages quote what was sent, not megabytes of it."""
+    return repr(text) if len(text) <= limit else repr(text[:limit]) + f"... ({len(text)} characters)"

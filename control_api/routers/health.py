@@ -1,13 +1,18 @@
-"""Probes and metrics: ``/healthz`` (process up), ``/readyz`` (engine usable), ``/metrics``."""
+"""Probes and metrics: ``/healthz`` (process up), ``/readyz`` (engine usable), ``/metrics``.
+
+The probes are open to anyone (orchestrators call them without credentials); ``/metrics`` is a
+read, guarded like the catalog when ``HOTWIRE_READ_TOKEN`` is set.
+"""
 
 from __future__ import annotations
 
-from fastapi import APIRouter, Response
+from fastapi import APIRouter, Depends, Response
 from fastapi.responses import JSONResponse
 from prometheus_client import CONTENT_TYPE_LATEST
 from pydantic import BaseModel
 
-from ..dependencies import ServicesDep
+from ..dependencies import ServicesDep, require_reader
+from ..errors import responses
 
 router = APIRouter(tags=["health"])
 
@@ -35,8 +40,8 @@ async def readyz(svc: ServicesDep) -> JSONResponse:
     return JSONResponse(body.model_dump(), status_code=200 if problem is None else 503)
 
 
-@router.get("/metrics", response_class=Response,
-            responses={200: {"content": {CONTENT_TYPE_LATEST: {}}}})
+@router.get("/metrics", response_class=Response, dependencies=[Depends(require_reader)],
+            responses={200: {"content": {CONTENT_TYPE_LATEST: {}}}, **responses(401)})
 async def metrics(svc: ServicesDep) -> Response:
     """Prometheus text exposition."""
     return Response(svc.metrics.render(), media_type=CONTENT_TYPE_LATEST)

@@ -4,12 +4,12 @@ from __future__ import annotations
 
 from datetime import datetime, timezone
 
-from fastapi import APIRouter
+from fastapi import APIRouter, Depends
 from pydantic import BaseModel, Field
 
 from hotwire.shared.mailbox import ANY_LAYER, STATE_NAMES
 
-from ..dependencies import ServicesDep
+from ..dependencies import ServicesDep, require_reader
 from ..errors import ApiError, responses
 from ..slots import EngineView
 
@@ -51,7 +51,8 @@ class SlotTable(BaseModel):
     slots: list[SlotInfo]
 
 
-@router.get("", response_model=SlotTable, responses=responses(503))
+@router.get("", response_model=SlotTable, dependencies=[Depends(require_reader)],
+            responses=responses(401, 503))
 async def slot_table(svc: ServicesDep) -> SlotTable:
     view = svc.slots.view()
     if view is None:

@@ -3,21 +3,24 @@
 from __future__ import annotations
 
 from datetime import datetime, timezone
-from typing import Any
+from typing import Annotated, Any
 
-from fastapi import APIRouter, Depends, Request, Response
+from fastapi import APIRouter, Depends, Path, Request, Response
 from pydantic import BaseModel, Field
 
 from hotwire.shared.mailbox import ANY_LAYER
+from hotwire.shared.spec import ID_PATTERN
 
 from ..catalog import VectorRecord
-from ..dependencies import ServicesDep, require_writer
+from ..dependencies import ServicesDep, require_reader, require_writer
 from ..errors import ApiError, responses
 from ..slots import EngineView, ResidencyState, SlotManager
 from ..uploads import OPENAPI_BODY, read_upload
 
 PATH = "/steer/vectors"
 router = APIRouter(prefix=PATH, tags=["vectors"])
+# pydantic checks patterns with a regex engine whose ``$`` is the end of the text: no "id\n".
+VectorId = Annotated[str, Path(pattern=ID_PATTERN, description=f"vector id, matching {ID_PATTERN}")]
 
 
 class SlotRef(BaseModel):
@@ -66,24 +69,28 @@ async def register_vector(request: Request, response: Response, svc: ServicesDep
 
     JSON: ``{id, data (base64), dtype, shape, layers?, pin?, metadata?, replace?}``.
     Multipart: ``file`` (safetensors), ``id``, and optionally ``key``, ``layers``, ``pin``,
-    ``metadata``, ``replace``.
+    ``metadata``, ``replace``. Two uploads are received at a time; others wait their turn
+    (503 ``busy`` after 30 s).
     """
-    upload = await read_upload(request, svc.settings.max_upload_bytes)
+    async with svc.uploads.turn():
+        upload = await read_upload(request, svc.settings.max_upload_bytes)
     record, created = await svc.slots.register(upload)
     if not created:
         response.status_code = 200
     return vector_info(record, svc.slots, svc.slots.view())
 
 
-@router.get("", response_model=VectorList)
+@router.get("", response_model=VectorList, dependencies=[Depends(require_reader)],
+            responses=responses(401))
 async def list_vectors(svc: ServicesDep) -> VectorList:
     view = svc.slots.view()
     records = sorted(svc.catalog.records().values(), key=lambda r: r.id)
     return VectorList(vectors=[vector_info(r, svc.slots, view) for r in records])
 
 
-@router.get("/{vector_id}", response_model=VectorInfo, responses=responses(404))
-async def get_vector(vector_id: str, svc: ServicesDep) -> VectorInfo:
+@router.get("/{vector_id}", response_model=VectorInfo, dependencies=[Depends(require_reader)],
+            responses=responses(401, 404, 422))
+async def get_vector(vector_id: VectorId, svc: ServicesDep) -> VectorInfo:
     record = svc.catalog.get(vector_id)
     if record is None:
         raise ApiError(404, "not_found", f"no vector {vector_id!r}")
@@ -91,8 +98,8 @@ async def get_vector(vector_id: str, svc: ServicesDep) -> VectorInfo:
 
 
 @router.delete("/{vector_id}", status_code=204, response_class=Response,
-               dependencies=[Depends(require_writer)], responses=responses(401, 404, 409))
-async def delete_vector(vector_id: str, svc: ServicesDep) -> Response:
+               dependencies=[Depends(require_writer)], responses=responses(401, 404, 409, 422, 507))
+async def delete_vector(vector_id: VectorId, svc: ServicesDep) -> Response:
     """Retire the vector's slots and drop it from the catalog (pinned vectors too)."""
     await svc.slots.remove(vector_id)
     return Response(status_code=204)
