@@ -131,6 +131,34 @@ def test_compose_reserves_a_gpu_for_vllm():
     assert device["driver"] == "nvidia" and "gpu" in device["capabilities"]
 
 
+def _listens_on(args: list[str], env: dict, image_env: dict[str, str]) -> str:
+    """The interface ``hotwire control-api`` binds: flag, then environment (the container's, then
+    the image's), then the code's default."""
+    return str(_flag(args, "--host", env.get("HOTWIRE_HOST", image_env.get("HOTWIRE_HOST",
+                                                                          Settings().host))))
+
+
+CONTROL_IMAGE_ENV = _dockerfile_env(_dockerfile("deploy/Dockerfile.control-api"))
+
+
+def test_the_control_api_binds_localhost_unless_a_deployment_says_otherwise():
+    assert Settings().host == "127.0.0.1"
+    assert CONTROL_IMAGE_ENV["HOTWIRE_HOST"] == "0.0.0.0"  # `docker run -p` reaches it
+
+
+def test_compose_control_api_listens_on_every_interface_it_publishes():
+    assert "--host" in CONTROL["command"] or "HOTWIRE_HOST" in CONTROL["environment"], \
+        "say the bind explicitly: the code's default is localhost"
+    assert _listens_on(CONTROL["command"], CONTROL["environment"], CONTROL_IMAGE_ENV) == "0.0.0.0"
+    assert _flag(VLLM["command"], "--host") == "0.0.0.0"
+
+
+def test_compose_passes_both_tokens():
+    env = CONTROL["environment"]
+    assert env["HOTWIRE_TOKEN"] == "${HOTWIRE_TOKEN:-}"
+    assert env["HOTWIRE_READ_TOKEN"] == "${HOTWIRE_READ_TOKEN:-}"
+
+
 def test_compose_env_names_are_read_by_the_code():
     assert _hotwire_names(VLLM["environment"]) <= ENGINE_ENV
     assert _hotwire_names(CONTROL["environment"]) <= CONTROL_ENV
@@ -263,3 +291,14 @@ def test_k8s_gpu_and_env_names():
     control_env = {e["name"]: e for e in CONTAINERS["control-api"]["env"]}
     assert _hotwire_names(control_env) <= CONTROL_ENV
     assert "secretKeyRef" in control_env["HOTWIRE_TOKEN"]["valueFrom"]
+    read = control_env["HOTWIRE_READ_TOKEN"]["valueFrom"]["secretKeyRef"]
+    assert read["name"] == control_env["HOTWIRE_TOKEN"]["valueFrom"]["secretKeyRef"]["name"]
+    assert read["optional"] is True  # no read-token key: reads stay open
+
+
+def test_k8s_control_api_listens_where_the_service_and_probes_reach_it():
+    control = CONTAINERS["control-api"]
+    assert "--host" in control["args"] or "HOTWIRE_HOST" in _env(control), \
+        "say the bind explicitly: the code's default is localhost"
+    assert _listens_on(control["args"], _env(control), CONTROL_IMAGE_ENV) == "0.0.0.0"
+    assert _flag(CONTAINERS["vllm"]["args"], "--host") == "0.0.0.0"
