@@ -30,6 +30,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from hotwire.engine_plugin.admission import Admission, entry_limit
 from hotwire.engine_plugin.counters import Counters
 from hotwire.engine_plugin.registry import Registry
 from hotwire.engine_plugin.routing import Router
@@ -64,10 +65,12 @@ def main() -> None:
     torch.set_num_threads(1)  # host work runs on the engine's one scheduling thread
     tables = SteeringTables(slots=1024, hidden=HIDDEN, armed=LAYERS, requests=2 * BATCH, entries=4,
                             max_tokens=8192, dtype=torch.bfloat16, device=device)
-    registry, counters = Registry(1024), Counters()
+    registry = Registry(1024)
     for s in range(BATCH):
-        registry.bind(s, f"v{s}", ANY_LAYER, gen=1)
-    router = Router(ArmedModel(tables, tuple(range(LAYERS))), registry, 2 * BATCH, counters)
+        registry.bind(s, f"v{s}", ANY_LAYER, gen=1, absmax=1.0)
+    admission = Admission(registry, armed=range(LAYERS), entries=4, requests=2 * BATCH,
+                          limit=entry_limit(torch.bfloat16), counters=Counters())
+    router = Router(ArmedModel(tables, tuple(range(LAYERS))), admission)
     admit_repeat = max(5, args.repeat // 20)
     # every request of every repeat its own spec text: parsed texts are cached, and the figure is
     # for requests that each bring a new one

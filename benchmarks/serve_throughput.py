@@ -88,7 +88,7 @@ from pathlib import Path
 import httpx
 import numpy as np
 
-from hotwire.engine_plugin.sync import HEARTBEAT_S
+from hotwire.engine_plugin.core_sync import HEARTBEAT_S
 from hotwire.engine_plugin.tiny_model import benchmark_model, steered_layers
 
 N_VECTORS, SERVED, TARGET = 256, "bench", 0.99

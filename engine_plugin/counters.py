@@ -1,5 +1,8 @@
 """What the engine counts: why requests ran unsteered (logged once per request), and the host
-time its per-step work takes; mirrored into the mailbox for the control API's metrics."""
+time its per-step work takes; mirrored into the mailbox for the control API's metrics.
+
+One set per process (:func:`process_counters`): where a rank shares the engine core's process
+(one GPU), its host time lands beside the core's and reaches the same mailbox."""
 
 from __future__ import annotations
 
@@ -33,3 +36,14 @@ class Counters:
         if self.mailbox is not None:
             self.mailbox.set_counter("steps", self.steps)
             self.mailbox.set_counter("host_ns", self.host_ns)
+
+
+_PROCESS: Counters | None = None
+
+
+def process_counters() -> Counters:
+    """This process's counters, shared by the engine core's sync and a rank in the same process."""
+    global _PROCESS
+    if _PROCESS is None:
+        _PROCESS = Counters()
+    return _PROCESS

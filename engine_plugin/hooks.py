@@ -22,6 +22,7 @@ from typing import Any
 import numpy as np
 
 from . import salts
+from .core_sync import CoreSync
 from .engine import Steerer
 
 log = logging.getLogger("vllm.hotwire")
@@ -58,9 +59,27 @@ def _after_v2_prepare(runner: Any, batch: Any, args: tuple, kwargs: dict) -> Non
         st.on_batch(batch.req_ids, batch.num_scheduled_tokens)
 
 
-def _capturing(runner: Any) -> contextlib.AbstractContextManager:
-    st = _steerer(runner)
-    return st.capturing() if st is not None else contextlib.nullcontext()
+def _after_core_init(core: Any, result: Any, args: tuple, kwargs: dict) -> None:
+    """The engine core is built (every rank has loaded its model): start deciding its steps."""
+    if "_hotwire" in core.__dict__:
+        return
+    try:
+        sync = CoreSync.start(core)
+    except Exception:  # hotwire must never keep an engine from serving
+        log.exception("hotwire: could not start the engine core's sync; serving without steering")
+        sync = None
+    core._hotwire = sync
+    if sync is None:
+        return
+    schedule = core.scheduler.schedule
+
+    @functools.wraps(schedule)
+    def scheduled(*a, **k):
+        out = schedule(*a, **k)
+        sync.on_schedule(out)
+        return out
+
+    core.scheduler.schedule = scheduled
 
 
 def _wrap(cls: type, name: str, *, before: Callable | None = None, after: Callable | None = None,
@@ -87,11 +106,10 @@ def _wrap(cls: type, name: str, *, before: Callable | None = None, after: Callab
 
 def _patch_runner(cls: type, prepare: str, after_prepare: Callable) -> None:
     """Arm a model runner class: tables after load, requests per step, routing once the batch
-    is settled, and the mailbox paused through graph capture."""
+    is settled."""
     ok = (_wrap(cls, "load_model", after=_after_load)
           & _wrap(cls, "execute_model", before=_before_execute)
           & _wrap(cls, prepare, after=after_prepare))
-    _wrap(cls, "capture_model", around=_capturing)
     if not ok:
         log.error("hotwire: %s.%s lacks load_model/execute_model/%s; steering is off",
                   cls.__module__, cls.__name__, prepare)
@@ -108,6 +126,7 @@ TARGETS: dict[str, Callable[[ModuleType], None]] = {
     "vllm.v1.worker.gpu.model_runner":
         lambda m: _patch_runner(m.GPUModelRunner, "prepare_inputs", _after_v2_prepare),
     "vllm.v1.worker.cpu_model_runner": _patch_cpu,
+    "vllm.v1.engine.core": lambda m: _wrap(m.EngineCore, "__init__", after=_after_core_init),
     "vllm.v1.request": salts.patch_request,
     "vllm.config.vllm": salts.patch_config_hash,
 }

@@ -102,7 +102,7 @@ def main(job_path: str, out_path: str) -> None:
     if job.get("plugin", True) and box and os.path.exists(box):
         from hotwire.shared.mailbox import MailboxView
 
-        from .sync import HEARTBEAT_S
+        from .core_sync import HEARTBEAT_S
 
         time.sleep(2 * HEARTBEAT_S)  # the heartbeat publishes steps and host time
         view = MailboxView.open(box)

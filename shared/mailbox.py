@@ -77,6 +77,7 @@ COUNTERS = (
     "unsteered_out_of_range",  # an entry's |scale| * max|v| could overflow the stream
     "mailbox_rejected",  # directory entries refused as corrupt (bad state, id, layer or row)
     "mailbox_errors",  # the mailbox file became unreadable (truncated, removed); sync stopped
+    "unsteered_too_large",  # the spec's text is longer than a spec may be
 )
 COUNTER_INDEX = {name: i for i, name in enumerate(COUNTERS)}
 

@@ -51,25 +51,20 @@ import os  # noqa: E402
 import pytest  # noqa: E402
 import torch  # noqa: E402
 
-from hotwire.engine_plugin.counters import Counters  # noqa: E402
-from hotwire.engine_plugin.registry import Registry  # noqa: E402
-from hotwire.engine_plugin.sync import MailboxSync  # noqa: E402
+from engine_rig import Rig  # noqa: E402
 from hotwire.shared.mailbox import DIRECTORY, FREE, MailboxError  # noqa: E402
 
 
-def _engine_side(tmp_path, n_slots=5):
-    path = str(tmp_path / "e.mbx")
-    box = EngineMailbox.create(path, FP, n_slots=n_slots)
-    box.set_armed([0, 1, 2, 3])
-    registry, counters = Registry(n_slots), Counters()
-    counters.mailbox = box
-    sync = MailboxSync(box, torch.zeros(n_slots + 1, FP.hidden), registry, counters)
-    return path, box, registry, counters, sync
-
-
 def test_the_file_is_created_for_owner_and_group_only(tmp_path):
-    path, *_ = _engine_side(tmp_path)
-    assert os.stat(path).st_mode & 0o777 == 0o660
+    Rig(tmp_path)
+    assert os.stat(tmp_path / "e.mbx").st_mode & 0o777 == 0o660
+
+
+def _scribble(path, slot: int, data: bytes) -> None:
+    """What any local writer of the file can do."""
+    with open(path, "r+b") as f:
+        f.seek(4096 + DIRECTORY.itemsize * slot)
+        f.write(data)
 
 
 @pytest.mark.parametrize("garbage", [
@@ -77,31 +72,25 @@ def test_the_file_is_created_for_owner_and_group_only(tmp_path):
     (2).to_bytes(8, "little") + (1).to_bytes(8, "little") + (7).to_bytes(4, "little") + bytes(76),
 ])
 def test_garbage_in_the_directory_is_rejected_not_obeyed(tmp_path, garbage):
-    path, box, registry, counters, sync = _engine_side(tmp_path)
-    control = ControlMailbox.attach(path)
-    control.write(0, "good", ANY_LAYER, np.ones(FP.hidden, np.float32), gen=1)
-    with open(path, "r+b") as f:  # any local writer of the file
-        f.seek(4096 + DIRECTORY.itemsize * 1)
-        f.write(garbage)
-    control._bump()
-    sync.apply()
-    assert registry.resolve("good", 0) == 0 and registry.bound() == {("good", ANY_LAYER): 0}
-    assert counters.counts["mailbox_rejected"] == 1 and sync.broken is None
-    assert int(control.engine["state"][1]) == FREE and control.acked(1)  # acked as holding nothing
+    rig = Rig(tmp_path)
+    rig.control.write(0, "good", ANY_LAYER, np.ones(8, np.float32), gen=1)
+    _scribble(tmp_path / "e.mbx", 1, garbage)
+    rig.control._bump()
+    rig.step()
+    assert rig.registry.bound() == {("good", ANY_LAYER): 0}
+    assert rig.counters.counts["mailbox_rejected"] == 1 and rig.core.broken is None
+    assert int(rig.control.engine["state"][1]) == FREE and rig.control.acked(1)  # acked as holding nothing
 
 
 def test_a_seqlock_left_odd_is_rejected_once_it_is_stuck(tmp_path, monkeypatch):
-    path, box, registry, counters, sync = _engine_side(tmp_path)
-    control = ControlMailbox.attach(path)
-    with open(path, "r+b") as f:
-        f.seek(4096 + DIRECTORY.itemsize * 3)
-        f.write(b"\xff" * DIRECTORY.itemsize)  # seq odd: looks like a write in progress, forever
-    control._bump()
-    sync.apply()
-    assert counters.counts["mailbox_torn_reads"] == 1 and counters.counts["mailbox_rejected"] == 0
+    rig = Rig(tmp_path)
+    _scribble(tmp_path / "e.mbx", 3, b"\xff" * DIRECTORY.itemsize)  # odd seq: a write in progress, forever
+    rig.control._bump()
+    rig.step()
+    assert rig.counters.counts["mailbox_torn_reads"] == 1 and rig.counters.counts["mailbox_rejected"] == 0
     monkeypatch.setattr("hotwire.shared.mailbox.STUCK_S", 0.0)
-    sync.apply()
-    assert counters.counts["mailbox_rejected"] == 1 and control.in_sync()
+    rig.step()
+    assert rig.counters.counts["mailbox_rejected"] == 1 and rig.control.in_sync()
 
 
 @pytest.mark.parametrize("field,value,why", [
@@ -110,46 +99,43 @@ def test_a_seqlock_left_odd_is_rejected_once_it_is_stuck(tmp_path, monkeypatch):
     ("gen", 0, "not positive"),
 ])
 def test_entries_that_break_the_contract_are_rejected(tmp_path, field, value, why, caplog):
-    path, box, registry, counters, sync = _engine_side(tmp_path)
-    control = ControlMailbox.attach(path)
-    control.write(2, "v", 1, np.ones(FP.hidden, np.float32), gen=1)
-    entry = control._entry(2)
+    rig = Rig(tmp_path)
+    rig.control.write(2, "v", 1, np.ones(8, np.float32), gen=1)
+    entry = rig.control._entry(2)
     entry[field] = value
-    control._write_entry(2, entry, None)
-    control._bump()
-    sync.apply()
-    assert registry.bound() == {} and counters.counts["mailbox_rejected"] == 1
+    rig.control._write_entry(2, entry, None)
+    rig.control._bump()
+    rig.step()
+    assert rig.registry.bound() == {} and rig.counters.counts["mailbox_rejected"] == 1
     assert why in caplog.text
 
 
 def test_a_row_that_is_not_finite_is_rejected(tmp_path):
-    path, box, registry, counters, sync = _engine_side(tmp_path)
-    control = ControlMailbox.attach(path)
-    row = np.ones(FP.hidden, np.float32)
+    rig = Rig(tmp_path)
+    row = np.ones(8, np.float32)
     row[3] = np.inf
-    control.write(0, "v", ANY_LAYER, row, gen=1)
-    sync.apply()
-    assert registry.bound() == {} and counters.counts["mailbox_rejected"] == 1
+    rig.control.write(0, "v", ANY_LAYER, row, gen=1)
+    rig.step()
+    assert rig.registry.bound() == {} and rig.counters.counts["mailbox_rejected"] == 1
 
 
 @pytest.mark.parametrize("size", [0, 4096, 4096 + 100])
 def test_a_truncated_file_stops_the_sync_and_kills_no_one(tmp_path, size):
     """A mapped file that shrinks raises SIGBUS on access (this process would die); read with
     pread, it is a short read: the engine keeps its vectors, the control side gets an error."""
-    path, box, registry, counters, sync = _engine_side(tmp_path)
-    control = ControlMailbox.attach(path)
-    control.write(0, "v", ANY_LAYER, np.ones(FP.hidden, np.float32), gen=1)
-    sync.apply()
+    rig = Rig(tmp_path)
+    path = tmp_path / "e.mbx"
+    rig.control.write(0, "v", ANY_LAYER, np.ones(8, np.float32), gen=1)
+    rig.step()
     os.truncate(path, size)
-    control._bump = lambda: None  # a write may not even reach the header
-    sync.apply()
-    sync.publish_changed_refs()
-    assert registry.resolve("v", 2) == 0  # still steering with what it holds
-    registry.hold((0,))
-    sync.publish_changed_refs()  # no exception: the sync has stopped
-    assert sync.broken is not None and counters.counts["mailbox_errors"] == 1
-    assert control.replaced()
+    rig.step(new=[("r", {"hotwire": '{"id": "v", "layer": 1}'}, 3)])  # refs change: a publish
+    assert "r" in rig.router.active  # still steering with what it holds
+    assert rig.core.broken is not None and rig.counters.counts["mailbox_errors"] == 1
+    rig.step(finished=["r"])  # no exception: the sync has stopped
+    with rig.core.lock:
+        rig.core.apply()
+    assert rig.control.replaced() and os.path.getsize(path) == size  # nothing wrote past the end
     with pytest.raises(MailboxError):
-        control.heartbeat_age_s() if size < 4096 else control.directory
+        rig.control.heartbeat_age_s() if size < 4096 else rig.control.directory
     with pytest.raises(MailboxError):
-        ControlMailbox.attach(path)
+        ControlMailbox.attach(str(path))

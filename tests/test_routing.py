@@ -1,4 +1,4 @@
-"""Host-side routing and the mailbox sync, on CPU tables with a real mailbox file."""
+"""Host-side routing and the engine core's mailbox sync (tests/engine_rig.py: one core, its ranks)."""
 
 import json
 import time
@@ -7,64 +7,48 @@ import numpy as np
 import pytest
 import torch
 
-from hotwire.engine_plugin.counters import Counters
-from hotwire.engine_plugin.registry import Registry
-from hotwire.engine_plugin.routing import Router
-from hotwire.engine_plugin.steering import ArmedModel, SteeringTables
-from hotwire.engine_plugin.sync import MailboxSync
-from hotwire.shared.mailbox import ANY_LAYER, ControlMailbox, EngineMailbox, Fingerprint
-
-H, SLOTS, REQUESTS, ENTRIES = 8, 6, 3, 2
-
-
-def _rig(tmp_path, device: str):
-    tables = SteeringTables(slots=SLOTS, hidden=H, armed=2, requests=REQUESTS, entries=ENTRIES,
-                            max_tokens=64, dtype=torch.float32, device=torch.device(device))
-    registry, counters = Registry(SLOTS), Counters()
-    box = EngineMailbox.create(str(tmp_path / "e.mbx"), Fingerprint("m", 4, H, "float32"), SLOTS)
-    box.set_armed([1, 3])
-    counters.mailbox = box
-    sync = MailboxSync(box, tables.bank, registry, counters)
-    router = Router(ArmedModel(tables, (1, 3)), registry, REQUESTS, counters)
-    control = ControlMailbox.attach(str(tmp_path / "e.mbx"))
-    return tables, registry, counters, sync, router, control
+from engine_rig import ENTRIES, REQUESTS, SLOTS, H, Rig, Step, make_rank, new_req
+from hotwire.shared.mailbox import ANY_LAYER
 
 
 @pytest.fixture
 def rig(tmp_path):
-    return _rig(tmp_path, "cpu")
-
+    return Rig(tmp_path)
 
 def _spec(*entries):
     return {"hotwire": json.dumps(list(entries))}
 
 
 def test_mailbox_rows_land_in_the_bank_and_bind(rig):
-    tables, registry, _, sync, _, control = rig
     row = np.arange(H, dtype=np.float32)
-    control.write(2, "v", ANY_LAYER, row, gen=5)
-    control.write(4, "w", 3, -row, gen=1)
-    sync.apply()
+    rig.control.write(2, "v", ANY_LAYER, row, gen=5)
+    rig.control.write(4, "w", 3, -row, gen=1)
+    rig.idle()
+    assert rig.control.in_sync() and rig.control.acked(2) and rig.control.acked(4)  # acked at once
+    assert rig.registry.resolve("v", 1) is None  # the rank changes only with a step
+    rig.step()
+    tables, registry = rig.tables, rig.registry
     assert torch.equal(tables.bank[3], torch.from_numpy(row)) and torch.equal(tables.bank[5], -torch.from_numpy(row))
     assert registry.resolve("v", 1) == 2 and registry.resolve("w", 3) == 4 and registry.resolve("w", 1) is None
     assert registry.versions == {"v": 5, "w": 1}
-    assert control.in_sync() and control.acked(2) and control.acked(4)
+    assert rig.core.registry.bound() == registry.bound()  # the core's mirror binds the same
 
 
 def test_admit_writes_one_request_row_and_holds_its_slots(rig):
-    tables, registry, counters, sync, router, control = rig
-    control.write(0, "v", ANY_LAYER, np.ones(H, np.float32), gen=1)
-    sync.apply()
-    router.admit("r1", _spec({"id": "v", "layer": 3, "scale": 2.0, "positions": "prompt"},
-                             {"id": "v", "layer": 3, "scale": -1.0}), prompt_len=5)
-    router.commit()
-    row = router.active["r1"].row
+    rig.control.write(0, "v", ANY_LAYER, np.ones(H, np.float32), gen=1)
+    rig.step()
+    rig.step(new=[("r1", _spec({"id": "v", "layer": 3, "scale": 2.0, "positions": "prompt"},
+                               {"id": "v", "layer": 3, "scale": -1.0}), 5)])
+    rig.router.commit()
+    tables, row = rig.tables, rig.router.active["r1"].row
     assert tables.route[row, 1, :, :3].tolist() == [[1, 0, 5], [1, 0, 2**31 - 1]]
     assert tables.route[row, 1, :, 3].view(torch.float32).tolist() == [2.0, -1.0]
     assert tables.route[row, 0].abs().sum() == 0  # layer 1 untouched
-    assert registry.inflight[0] == 1 and counters.counts["steered_requests"] == 1
-    router.finish(["r1"])
-    assert registry.inflight[0] == 0 and "r1" not in router.active
+    assert rig.registry.inflight[0] == 1 and rig.core.registry.inflight[0] == 1
+    assert rig.counters.counts["steered_requests"] == 1 and int(rig.control.engine["inflight"][0]) == 1
+    rig.step(finished=["r1"])
+    assert rig.registry.inflight[0] == 0 and "r1" not in rig.router.active
+    assert int(rig.control.engine["inflight"][0]) == 0
 
 
 @pytest.mark.parametrize("extra,reason", [
@@ -72,35 +56,32 @@ def test_admit_writes_one_request_row_and_holds_its_slots(rig):
     (_spec({"id": "nope", "layer": 1}), "unsteered_unknown_id"),
     (_spec({"id": "v", "layer": 2}), "unsteered_unarmed_layer"),
     (_spec(*[{"id": "v", "layer": 1}] * (ENTRIES + 1)), "unsteered_too_many_entries"),
+    (_spec({"id": "v", "layer": 1, "scale": 1e38}), "unsteered_out_of_range"),
 ])
 def test_refused_specs_run_unsteered_and_are_counted(rig, extra, reason):
-    _, registry, counters, sync, router, control = rig
-    control.write(0, "v", ANY_LAYER, np.ones(H, np.float32), gen=1)
-    sync.apply()
-    router.admit("r", extra, prompt_len=3)
-    assert "r" not in router.active and registry.inflight.sum() == 0
-    assert counters.counts[reason] == 1
-    sync.box.beat()
-    assert control.counters()[reason] == 1  # mirrored for the control API at the next heartbeat
+    rig.control.write(0, "v", ANY_LAYER, np.ones(H, np.float32), gen=1)
+    rig.step()
+    rig.step(new=[("r", extra, 3)])
+    assert "r" not in rig.router.active and rig.registry.inflight.sum() == 0
+    assert rig.counters.counts[reason] == 1 and rig.rank.counters.counts[reason] == 0  # said once
+    rig.core.box.beat()
+    assert rig.control.counters()[reason] == 1  # mirrored for the control API at the next heartbeat
 
 
 def test_full_request_table_runs_the_rest_unsteered(rig):
-    _, _, counters, sync, router, control = rig
-    control.write(0, "v", ANY_LAYER, np.ones(H, np.float32), gen=1)
-    sync.apply()
-    for i in range(REQUESTS + 1):
-        router.admit(f"r{i}", _spec({"id": "v", "layer": 1}), prompt_len=3)
-    assert len(router.active) == REQUESTS and counters.counts["unsteered_table_full"] == 1
-    router.finish(["r0"])
-    router.admit("late", _spec({"id": "v", "layer": 1}), prompt_len=3)
-    assert "late" in router.active
+    rig.control.write(0, "v", ANY_LAYER, np.ones(H, np.float32), gen=1)
+    rig.step()
+    rig.step(new=[(f"r{i}", _spec({"id": "v", "layer": 1}), 3) for i in range(REQUESTS + 1)])
+    assert len(rig.router.active) == REQUESTS and rig.counters.counts["unsteered_table_full"] == 1
+    assert rig.core.admission.active.keys() == rig.router.active.keys()
+    rig.step(finished=["r0"], new=[("late", _spec({"id": "v", "layer": 1}), 3)])
+    assert "late" in rig.router.active and "late" in rig.core.admission.active
 
 
 def test_route_maps_tokens_to_rows_and_clears_what_it_no_longer_uses(rig):
-    tables, _, _, sync, router, control = rig
-    control.write(0, "v", ANY_LAYER, np.ones(H, np.float32), gen=1)
-    sync.apply()
-    router.admit("s", _spec({"id": "v", "layer": 1}), prompt_len=3)
+    tables, router = rig.tables, rig.router
+    rig.control.write(0, "v", ANY_LAYER, np.ones(H, np.float32), gen=1)
+    rig.step(new=[("s", _spec({"id": "v", "layer": 1}), 3)])  # the vector binds before admission
     router.commit()
     row = router.active["s"].row
 
@@ -123,17 +104,13 @@ def test_route_maps_tokens_to_rows_and_clears_what_it_no_longer_uses(rig):
 
 def test_reused_row_with_the_same_token_map_is_copied_again(rig):
     """A request leaves and the next one takes its row: same token map, new row contents."""
-    tables, _, _, sync, router, control = rig
-    control.write(0, "v", ANY_LAYER, np.ones(H, np.float32), gen=1)
-    sync.apply()
-    router.admit("a", _spec({"id": "v", "layer": 1, "scale": 1.0}), prompt_len=3)
-    router.commit()
+    tables, router = rig.tables, rig.router
+    rig.control.write(0, "v", ANY_LAYER, np.ones(H, np.float32), gen=1)
+    rig.step(new=[("a", _spec({"id": "v", "layer": 1, "scale": 1.0}), 3)])
     router.route(["a"], np.array([3]))
     row = router.active["a"].row
-    router.finish(["a"])
-    router.admit("b", _spec({"id": "v", "layer": 1, "scale": -3.0}), prompt_len=3)
+    rig.step(finished=["a"], new=[("b", _spec({"id": "v", "layer": 1, "scale": -3.0}), 3)])
     assert router.active["b"].row == row
-    router.commit()
     router.route(["b"], np.array([3]))
     assert torch.equal(tables.tok_route[:3], tables.route[row].expand(3, -1, -1, -1))
     assert tables.tok_route[:3, ..., 3].view(torch.float32).min() == -3.0
@@ -141,33 +118,88 @@ def test_reused_row_with_the_same_token_map_is_copied_again(rig):
 
 def test_retirement_is_acked_only_with_current_refs(rig):
     """Invariant 6: the control API may reuse a slot only when acked with no request on it."""
-    _, registry, _, sync, router, control = rig
+    control = rig.control
     control.write(0, "v", ANY_LAYER, np.ones(H, np.float32), gen=1)
-    sync.apply()
-    router.admit("r", _spec({"id": "v", "layer": 1}), prompt_len=3)
-    sync.publish_changed_refs()
+    rig.step(new=[("r", _spec({"id": "v", "layer": 1}), 3)])
     control.retire(0)
-    sync.apply()
+    rig.idle()
     assert control.acked(0) and not control.reusable(0)  # acked, but a request still holds it
-    assert registry.resolve("v", 1) is None  # no new request can bind it
-    router.finish(["r"])
-    sync.publish_changed_refs()  # as the engine's step does: a request left, so it publishes
+    rig.step()
+    assert rig.registry.resolve("v", 1) is None  # no new request can bind it
+    rig.step(finished=["r"])  # a request left: the step publishes the references
     assert control.reusable(0)
 
 
+def test_a_slot_reused_at_once_is_rebound_with_the_next_step(rig):
+    """Retired, acked with no reference, rewritten before any step ran: the rank sees only the
+    new vector, and its row, at the next step."""
+    control = rig.control
+    control.write(0, "old", ANY_LAYER, np.ones(H, np.float32), gen=1)
+    rig.step()
+    control.retire(0)
+    rig.idle()
+    assert control.reusable(0)
+    control.write(0, "new", ANY_LAYER, np.full(H, 2.0, np.float32), gen=1)
+    rig.idle()
+    rig.step()
+    assert rig.registry.bound() == {("new", ANY_LAYER): 0} == rig.core.registry.bound()
+    assert torch.equal(rig.tables.bank[1], torch.full((H,), 2.0))
+
+
 def test_torn_entry_is_skipped_until_the_write_completes(rig):
-    tables, registry, counters, sync, _, control = rig
+    control = rig.control
     control.write(1, "v", ANY_LAYER, np.ones(H, np.float32), gen=1)
     seq_at = control._dir_off + 96 * 1  # directory entry 1 starts with its seqlock word
     seq = int(control.directory["seq"][1])
     control._write(seq_at, (seq + 1).to_bytes(8, "little"))  # a writer is mid-way
     control._bump()
-    sync.apply()
-    assert registry.resolve("v", 1) is None and not control.in_sync()
-    assert counters.counts["mailbox_torn_reads"] == 1
+    rig.step()
+    assert rig.registry.resolve("v", 1) is None and not control.in_sync()
+    assert rig.counters.counts["mailbox_torn_reads"] == 1
     control._write(seq_at, (seq + 2).to_bytes(8, "little"))  # write completes
-    sync.apply()
-    assert registry.resolve("v", 1) == 1 and control.in_sync()
+    rig.step()
+    assert rig.registry.resolve("v", 1) == 1 and control.in_sync()
+
+
+def test_every_rank_changes_at_the_same_step(tmp_path):
+    """Invariant 9: two ranks fed the same steps hold the same bindings, rows and routes after
+    every step, while the mailbox changes between and during them."""
+    rig = Rig(tmp_path)
+    other = make_rank("cpu")
+    rng = np.random.default_rng(0)
+    for step in range(12):
+        slot = step % SLOTS
+        if step % 3 == 2:
+            rig.control.retire(slot)
+        else:
+            rig.control.write(slot, f"v{step % 4}", ANY_LAYER, rng.standard_normal(H).astype(np.float32), gen=step + 1)
+        out = Step([new_req(f"r{step}", _spec({"id": f"v{step % 4}", "layer": 1}))],
+                   {f"r{step - 2}"} if step >= 2 else set())
+        rig.core.on_schedule(out)
+        for rank in (rig.rank, other):
+            rank.on_schedule(out)
+            rank.router.commit()
+        assert rig.rank.router.admission.registry.bound() == other.router.admission.registry.bound()
+        assert rig.rank.router.active == other.router.active
+        assert torch.equal(rig.tables.bank, other.tables.bank) and torch.equal(rig.tables.route, other.tables.route)
+        assert rig.core.registry.inflight.tolist() == rig.registry.inflight.tolist()
+
+
+def test_ranks_of_a_pipeline_write_the_entries_of_their_own_layers(tmp_path):
+    """PP: an entry on another stage's layer is valid on every stage (the engine's armed layers
+    come with the first delta) and written only by the stage that holds the layer."""
+    rig = Rig(tmp_path)
+    first, second = make_rank("cpu", armed=(1,)), make_rank("cpu", armed=(3,))
+    rig.control.write(0, "v", ANY_LAYER, np.ones(H, np.float32), gen=1)
+    out = Step([new_req("r", _spec({"id": "v", "layer": 1, "scale": 2.0}, {"id": "v", "layer": 3, "scale": 3.0}))])
+    rig.core.on_schedule(out)
+    for rank in (first, second):
+        rank.on_schedule(out)
+        rank.router.commit()
+        assert "r" in rank.router.active
+    row = first.router.active["r"].row
+    assert first.tables.route[row, 0, 0, 3].view(torch.float32).item() == 2.0
+    assert second.tables.route[row, 0, 0, 3].view(torch.float32).item() == 3.0
 
 
 @pytest.mark.gpu
@@ -176,14 +208,12 @@ def test_host_path_only_enqueues_work_behind_a_busy_gpu(tmp_path):
     admitting requests and routing a step must not wait for the GPU: with ~1 s of work queued
     ahead they return at once (a copy from pageable memory would block until the queue drains),
     and the tables are right once it has drained."""
-    tables, _, _, sync, router, control = _rig(tmp_path, "cuda")
-    row = np.arange(H, dtype=np.float32)
+    rig = Rig(tmp_path, "cuda")
+    tables, router, row = rig.tables, rig.router, np.arange(H, dtype=np.float32)
 
     def one_round(tag: str, gen: int) -> None:
-        control.write(gen, f"v{gen}", ANY_LAYER, row * gen, gen=gen)
-        sync.apply()
-        router.admit(tag, _spec({"id": f"v{gen}", "layer": 3, "scale": 2.0}), prompt_len=3)
-        router.commit()
+        rig.control.write(gen, f"v{gen}", ANY_LAYER, row * gen, gen=gen)
+        rig.step(new=[(tag, _spec({"id": f"v{gen}", "layer": 3, "scale": 2.0}), 3)])
         router.route(["u", tag], np.array([2, 3]))
 
     one_round("warm", 1)  # first use of each pinned block size allocates it

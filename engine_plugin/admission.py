@@ -1,0 +1,119 @@
+"""Admission: a request's spec resolved to bank slots, the same way on the engine core and on
+every rank.
+
+Inputs are the spec, the slot bindings (the registry, changed only by :class:`.delta.SyncDelta`)
+and which request rows are in use; every process sees the same inputs in the same order (one
+scheduler output after another), so every process takes the same decision. That is what lets
+the engine core count references for the mailbox's retirement acks (invariant 6) while the
+ranks route tokens, and what makes all ranks of a TP/PP engine steer the same requests
+(invariant 9). The armed layers are the engine's, over all pipeline stages; a rank writes the
+entries of its own layers (:class:`.routing.Router`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from hotwire.shared.spec import MAX_ENTRIES, SpecError, SteerEntry, parse_spec, spec_from_extra_args
+
+from .counters import Counters
+from .registry import Registry
+
+
+def entry_limit(dtype: torch.dtype) -> float:
+    """The largest ``|scale| * max|v|`` one entry may add (invariant 8).
+
+    A request has at most ``MAX_ENTRIES`` entries, so everything it adds to a token's stream,
+    over all layers, stays within half the model dtype's range: the stream cannot overflow on
+    the steering alone, and a steered token never becomes non-finite (which would reach the KV
+    cache, and through reused blocks other requests).
+    """
+    return float(torch.finfo(dtype).max) / (2 * MAX_ENTRIES)
+
+
+Term = tuple[int, int, int, int, int, int]  # (layer, k, slot, lo, hi, scale's float32 bits)
+
+
+@dataclass(frozen=True)
+class Admitted:
+    row: int  # request row in the route table (1-based; 0 is the null row)
+    terms: tuple[Term, ...]
+    slots: tuple[int, ...]  # distinct slots the request holds a reference on
+
+
+class Admission:
+    """Steered requests in flight: their rows, their terms and the references they hold.
+
+    ``counters``: where refusals are counted and logged (the engine core's); None on ranks,
+    which decide the same and need not say it again.
+    """
+
+    def __init__(self, registry: Registry, *, armed: Iterable[int], entries: int, requests: int,
+                 limit: float, counters: Counters | None):
+        self.registry, self.entries, self.limit, self.counters = registry, entries, limit, counters
+        self.armed = frozenset(armed)
+        self.active: dict[str, Admitted] = {}
+        self._free = list(range(requests, 0, -1))  # request row 0 is the null row
+
+    def admit(self, req_id: str, extra_args: dict[str, Any] | None, prompt_len: int) -> Admitted | None:
+        """Bind a new (or re-sent) request to a row, or count why it runs unsteered."""
+        self.finish((req_id,))
+        raw = spec_from_extra_args(extra_args)
+        if raw is None:
+            return None
+        try:
+            entries = parse_spec(raw)
+            if not entries:
+                return None
+            terms, slots = self._resolve(entries, prompt_len)
+            if not self._free:
+                raise SpecError("table_full", f"all {len(self.active)} request rows are in use")
+        except SpecError as e:
+            if self.counters is not None:
+                self.counters.unsteered(req_id, e.reason, e.detail)
+            return None
+        admitted = Admitted(self._free.pop(), terms, slots)
+        self.active[req_id] = admitted
+        self.registry.hold(slots)
+        if self.counters is not None:
+            self.counters.add("steered_requests")
+        return admitted
+
+    def finish(self, req_ids: Iterable[str]) -> list[str]:
+        """Release finished requests; returns those that were steered."""
+        gone = []
+        for req_id in req_ids:
+            admitted = self.active.pop(req_id, None)
+            if admitted is not None:
+                self.registry.release(admitted.slots)
+                self._free.append(admitted.row)
+                gone.append(req_id)
+        return gone
+
+    def _resolve(self, entries: tuple[SteerEntry, ...], prompt_len: int) -> tuple[tuple[Term, ...], tuple[int, ...]]:
+        terms: list[Term] = []
+        used: dict[int, int] = {}  # entries so far per layer
+        slots = set()
+        for e in entries:
+            if e.layer not in self.armed:
+                raise SpecError("unarmed_layer", f"layer {e.layer} is not armed "
+                                f"(armed: {sorted(self.armed)})")
+            slot = self.registry.resolve(e.id, e.layer)
+            if slot is None:
+                raise SpecError("unknown_id", f"no vector {e.id!r} for layer {e.layer}")
+            size = abs(e.scale) * float(self.registry.absmax[slot])
+            if size > self.limit:
+                raise SpecError("out_of_range", f"entry {e.id!r} on layer {e.layer} adds up to "
+                                f"{size:.3g} (|scale| * max|v|), over this model's limit of "
+                                f"{self.limit:.3g} per entry")
+            k = used.get(e.layer, 0)
+            if k == self.entries:
+                raise SpecError("too_many_entries", f"more than {self.entries} entries on layer {e.layer}")
+            used[e.layer] = k + 1
+            terms.append((e.layer, k, slot, *e.span(prompt_len), e.scale_bits()))
+            slots.add(slot)
+        return tuple(terms), tuple(sorted(slots))

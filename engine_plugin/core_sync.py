@@ -1,0 +1,223 @@
+"""The engine core's side of hotwire: the one place an engine reads its mailbox and decides.
+
+vLLM's engine core schedules every step and sees every request, so the decision of what the
+slot table holds at a step is taken here, once for all ranks (invariant 9). At each
+``Scheduler.schedule()``:
+
+1. apply the mailbox's consistent pending entries to a :class:`.delta.PendingDelta` (acked at
+   once: they take effect at the next step, and nothing is admitted before it);
+2. attach the delta to the ``SchedulerOutput`` (``scheduler_output.hotwire``) for every rank,
+   and apply it to this process's mirror of the registry;
+3. run the step's finishes and arrivals through the same :class:`.admission.Admission` the
+   ranks run, so the mirror's per-slot references are the ranks' own: a retirement is acked
+   to the control API with references that are exact (invariant 6).
+
+A daemon thread keeps the heartbeat and applies the mailbox while the engine is idle. Nothing
+read from the file is trusted (invariant 8): an entry the mailbox finds corrupt is rejected
+(logged, counted, acked as holding nothing, its slot unbound); a file that becomes unreadable
+(truncated, say) stops the sync with one error line and a counter, and the engine keeps serving
+with the vectors it holds (restart it to restore registration). Startup vectors
+(``HOTWIRE_VECTORS``) are read here too and reach the ranks in the first step's delta, so they
+are needed on the engine core's node only.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import threading
+import time
+from typing import Any
+
+import numpy as np
+
+from hotwire.shared.mailbox import ACTIVE, ANY_LAYER, EngineMailbox, Fingerprint, MailboxError, SlotEntry
+
+from . import startup
+from .admission import Admission, entry_limit
+from .config import HotwireConfig
+from .counters import Counters, process_counters
+from .delta import PendingDelta
+from .registry import Registry
+
+log = logging.getLogger("vllm.hotwire")
+
+HEARTBEAT_S = 0.25
+
+
+def armed_layers(worker: Any) -> list[int]:
+    """The decoder layers hotwire armed on one rank (run on every worker by ``collective_rpc``)."""
+    runner = getattr(worker, "model_runner", None)
+    steerer = None if runner is None else runner.__dict__.get("_hotwire")
+    return [] if steerer is None else list(steerer.router.armed.layers)
+
+
+def mailbox_path(cfg: HotwireConfig, vllm_config: Any) -> str | None:
+    """This engine's mailbox: one per engine core, so data-parallel rank N has ``<path>.dpN``."""
+    if cfg.mailbox is None:
+        return None
+    par = vllm_config.parallel_config
+    dp_rank = getattr(par, "data_parallel_rank", 0) if getattr(par, "data_parallel_size", 1) > 1 else 0
+    return cfg.mailbox if dp_rank == 0 else f"{cfg.mailbox}.dp{dp_rank}"
+
+
+class CoreSync:
+    def __init__(self, box: EngineMailbox | None, pending: PendingDelta, registry: Registry,
+                 admission: Admission, counters: Counters):
+        self.box, self.pending, self.registry = box, pending, registry
+        self.admission, self.counters = admission, counters
+        self.lock = threading.Lock()
+        self.broken: str | None = None if box is not None else "no mailbox"
+        self._done = -1  # target generation fully applied; skip the scan while it is unchanged
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._beat, name="hotwire-mailbox", daemon=True)
+
+    # -- construction ---------------------------------------------------------------------------
+    @classmethod
+    def start(cls, core: Any) -> "CoreSync | None":
+        """Attach to a constructed ``EngineCore`` (model loaded on every rank): None when no rank
+        armed a layer (the model serves unsteered; the ranks said why)."""
+        cfg = HotwireConfig.from_env()
+        vllm_config = core.vllm_config
+        armed = sorted(set().union(*core.model_executor.collective_rpc(armed_layers)))
+        if not armed:
+            return None
+        text = vllm_config.model_config.hf_text_config
+        dtype = vllm_config.model_config.dtype
+        fp = Fingerprint(str(vllm_config.model_config.model), int(text.num_hidden_layers),
+                         int(text.hidden_size), str(dtype).removeprefix("torch."))
+        registry, counters = Registry(cfg.slots), process_counters()
+        admission = Admission(registry, armed=armed, entries=cfg.entries,
+                              requests=2 * int(vllm_config.scheduler_config.max_num_seqs),
+                              limit=entry_limit(dtype), counters=counters)
+        pending = PendingDelta(fp.hidden, armed=tuple(armed))
+        loaded = cls._load_startup(cfg, fp, armed, pending)
+        box = cls._open_mailbox(cfg, vllm_config, fp, armed, loaded)
+        counters.mailbox = box
+        sync = cls(box, pending, registry, admission, counters)
+        if box is not None:
+            sync._thread.start()
+        par = vllm_config.parallel_config
+        log.info("hotwire: engine core steers %d layers %s over TP=%d PP=%d; %d startup rows; mailbox %s",
+                 len(armed), armed, par.tensor_parallel_size, par.pipeline_parallel_size, len(loaded),
+                 box.path if box is not None else "off")
+        return sync
+
+    @staticmethod
+    def _load_startup(cfg: HotwireConfig, fp: Fingerprint, armed: list[int],
+                      pending: PendingDelta) -> list[tuple[int, str, int, np.ndarray]]:
+        """``HOTWIRE_VECTORS`` into the first slots, queued for the first step: ``[(slot, id, layer, row)]``."""
+        if not cfg.vectors_dir:
+            return []
+        rows: list[tuple[int, str, int, np.ndarray]] = []
+        for vector_id, vec in startup.load_dir(cfg.vectors_dir, fp.shape):
+            wanted = [(ANY_LAYER, vec[0])] if len(vec) == 1 else [(i, vec[i]) for i in armed]
+            if len(rows) + len(wanted) > cfg.slots:
+                log.error("hotwire: no room for startup vector %r (%d slots)", vector_id, cfg.slots)
+                continue
+            rows += [(len(rows) + j, vector_id, layer, row) for j, (layer, row) in enumerate(wanted)]
+        for slot, vector_id, layer, row in rows:
+            pending.bind(slot, vector_id, layer, 1, row)
+        if rows:
+            log.info("hotwire: startup vectors %s", sorted({r[1] for r in rows}))
+        return rows
+
+    @staticmethod
+    def _open_mailbox(cfg: HotwireConfig, vllm_config: Any, fp: Fingerprint, armed: list[int],
+                      loaded: list[tuple[int, str, int, np.ndarray]]) -> EngineMailbox | None:
+        path = mailbox_path(cfg, vllm_config)
+        if path is None:
+            return None
+        try:
+            box = EngineMailbox.create(path, fp, cfg.slots, group=cfg.mailbox_gid())
+            for slot, vector_id, layer, row in loaded:
+                box.publish_startup(slot, vector_id, layer, row)
+            box.set_armed(armed)  # last: the control API writes nothing before it sees armed layers
+        except (OSError, ValueError, MailboxError) as e:
+            log.error("hotwire: cannot create mailbox %s (%s); runtime registration is off", path, e)
+            return None
+        return box
+
+    # -- per step (the engine core's thread) ------------------------------------------------------
+    def on_schedule(self, scheduler_output: Any) -> None:
+        """Decide this step's slot table, send it with the step, and mirror its admissions."""
+        t = time.perf_counter_ns()
+        with self.lock:
+            self.apply()
+            delta = self.pending.take()
+            scheduler_output.hotwire = delta  # set even when None: the ranks know the core decides
+            if delta is not None:
+                delta.apply(self.registry, None)
+            self.admission.finish(scheduler_output.finished_req_ids)
+            for req in scheduler_output.scheduled_new_reqs:
+                sp = req.sampling_params
+                prompt_len = len(req.prompt_token_ids) if req.prompt_token_ids is not None else 0
+                self.admission.admit(req.req_id, sp.extra_args if sp is not None else None, prompt_len)
+            if self.registry.refs_changed:
+                with self._guard() as usable:
+                    if usable:
+                        self._publish_refs()
+        self.counters.steps += 1
+        self.counters.host_ns += time.perf_counter_ns() - t
+
+    # -- the mailbox --------------------------------------------------------------------------------
+    def apply(self) -> None:
+        """Queue every consistent pending entry for the next step; ack it; publish references,
+        then the applied generation. Caller holds :attr:`lock`."""
+        with self._guard() as usable:
+            if usable and self.box.target_gen() != self._done:
+                self._apply_pending()
+
+    def _apply_pending(self) -> None:
+        self._publish_refs()  # refs must be current before any retirement is acked
+        target, entries, torn = self.box.pending()
+        for e in entries:
+            self._queue(e)
+            self.box.ack(e)
+        if torn:
+            self.counters.add("mailbox_torn_reads", torn)
+        self.box.publish(None if torn else target, *self.registry.refs_to_publish())
+        if not torn:
+            self._done = target
+
+    def _queue(self, e: SlotEntry) -> None:
+        if e.problem is not None:
+            self.pending.unbind(e.slot)
+            self.counters.add("mailbox_rejected")
+            log.error("hotwire: mailbox %s: slot %d rejected: %s", self.box.path, e.slot, e.problem)
+        elif e.state == ACTIVE:
+            self.pending.bind(e.slot, e.vector_id, e.layer, e.gen, e.row)
+            self.counters.add("mailbox_rows_applied")
+        else:
+            self.pending.unbind(e.slot)
+
+    def _publish_refs(self) -> None:
+        self.box.publish(None, *self.registry.refs_to_publish())
+
+    @contextlib.contextmanager
+    def _guard(self):
+        """Run a mailbox access, unless the file is already known unusable; on an error, stop
+        the sync for good and keep the engine serving."""
+        if self.broken is not None:
+            yield False
+            return
+        try:
+            yield True
+        except (MailboxError, OSError, ValueError) as e:
+            self.broken = str(e)
+            self.counters.add("mailbox_errors")
+            log.error("hotwire: mailbox %s is unusable (%s); runtime registration stopped, the engine "
+                      "keeps serving with the vectors it holds; restart it to restore registration",
+                      self.box.path, e)
+
+    def _beat(self) -> None:
+        while not self._stop.wait(HEARTBEAT_S) and self.broken is None:
+            with self.lock:
+                self.apply()
+                self.counters.publish_step_time()
+                with self._guard() as usable:
+                    if usable:
+                        self.box.beat()
+
+    def close(self) -> None:
+        self._stop.set()

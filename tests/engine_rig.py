@@ -1,0 +1,78 @@
+"""One engine core and its ranks, joined as vLLM joins them, on CPU tables with a real mailbox.
+
+:class:`CoreSync` is the only mailbox reader; each step's scheduler output goes through the
+core's ``on_schedule`` and then to each rank's (:class:`Steerer`). ``Step`` carries the two
+fields of vLLM's ``SchedulerOutput`` that hotwire reads.
+"""
+
+from dataclasses import dataclass, field
+from types import SimpleNamespace
+
+import numpy as np
+import torch
+
+from hotwire.engine_plugin.admission import Admission, entry_limit
+from hotwire.engine_plugin.core_sync import CoreSync
+from hotwire.engine_plugin.counters import Counters
+from hotwire.engine_plugin.delta import PendingDelta
+from hotwire.engine_plugin.engine import Steerer
+from hotwire.engine_plugin.registry import Registry
+from hotwire.engine_plugin.routing import Router
+from hotwire.engine_plugin.steering import ArmedModel, SteeringTables
+from hotwire.shared.mailbox import ControlMailbox, EngineMailbox, Fingerprint
+
+H, SLOTS, REQUESTS, ENTRIES = 8, 6, 3, 2
+ARMED = (1, 3)
+
+
+@dataclass
+class Step:
+    """The two fields of vLLM's ``SchedulerOutput`` hotwire reads, plus what the core attaches."""
+
+    scheduled_new_reqs: list = field(default_factory=list)
+    finished_req_ids: set = field(default_factory=set)
+
+
+def new_req(req_id: str, extra_args, prompt_len: int = 3):
+    return SimpleNamespace(req_id=req_id, sampling_params=SimpleNamespace(extra_args=extra_args),
+                           prompt_token_ids=list(range(prompt_len)))
+
+
+def make_rank(device: str, armed=ARMED) -> Steerer:
+    tables = SteeringTables(slots=SLOTS, hidden=H, armed=len(armed), requests=REQUESTS, entries=ENTRIES,
+                            max_tokens=64, dtype=torch.float32, device=torch.device(device))
+    admission = Admission(Registry(SLOTS), armed=armed, entries=ENTRIES, requests=REQUESTS,
+                          limit=entry_limit(torch.float32), counters=None)
+    return Steerer(Router(ArmedModel(tables, armed), admission), tables, Counters())
+
+
+class Rig:
+    def __init__(self, tmp_path, device: str = "cpu"):
+        box = EngineMailbox.create(str(tmp_path / "e.mbx"), Fingerprint("m", 4, H, "float32"), SLOTS)
+        box.set_armed(list(ARMED))
+        self.counters = Counters()
+        self.counters.mailbox = box
+        registry = Registry(SLOTS)
+        admission = Admission(registry, armed=ARMED, entries=ENTRIES, requests=REQUESTS,
+                              limit=entry_limit(torch.float32), counters=self.counters)
+        self.core = CoreSync(box, PendingDelta(H, armed=ARMED), registry, admission, self.counters)
+        self.rank = make_rank(device)
+        self.tables, self.router = self.rank.tables, self.rank.router
+        self.control = ControlMailbox.attach(str(tmp_path / "e.mbx"))
+
+    def step(self, new=(), finished=()) -> Step:
+        """One engine step: the core decides, the rank follows."""
+        out = Step([new_req(*r) for r in new], set(finished))
+        self.core.on_schedule(out)
+        self.rank.on_schedule(out)
+        return out
+
+    def idle(self) -> None:
+        """What the core's heartbeat does while no step runs."""
+        with self.core.lock:
+            self.core.apply()
+
+    @property
+    def registry(self) -> Registry:
+        return self.rank.router.admission.registry
+
