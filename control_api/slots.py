@@ -38,7 +38,7 @@ from dataclasses import dataclass
 from datetime import datetime, timezone
 from typing import Literal
 
-from hotwire.shared.mailbox import ACTIVE, FLAG_PINNED, ControlMailbox
+from hotwire.shared.mailbox import ACTIVE, FLAG_PINNED, ControlMailbox, MailboxError
 from hotwire.shared.wire import VectorError
 
 from .adoption import Adoption, UnknownVectors, plan_adoptions, verdict
@@ -92,8 +92,15 @@ class SlotManager:
     # Reading -----------------------------------------------------------------------------
 
     def view(self) -> EngineView | None:
+        """The attached engine's table now; None when detached or the file cannot be read (the
+        next reconcile pass detaches from it and says why)."""
         box = self.link.box
-        return None if box is None else EngineView.read(box)
+        if box is None:
+            return None
+        try:
+            return EngineView.read(box)
+        except MailboxError:
+            return None
 
     def readiness_problem(self) -> str | None:
         """Why the engine cannot be steered through this API now, or ``None``.
@@ -108,9 +115,12 @@ class SlotManager:
         box = self.link.box
         if box is None:
             return self.link.problem
-        if not box.armed_layers():
+        try:
+            armed, age = box.armed_layers(), box.heartbeat_age_s()
+        except MailboxError as e:
+            return f"the engine's mailbox cannot be read: {e}"
+        if not armed:
             return "the engine has not armed any layer yet"
-        age = box.heartbeat_age_s()
         if age > self.heartbeat_timeout_s:
             return f"engine heartbeat is {age:.1f}s old (timeout {self.heartbeat_timeout_s:g}s)"
         if self.reconcile_error is not None:

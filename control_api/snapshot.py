@@ -13,6 +13,7 @@ import numpy as np
 
 from hotwire.shared.mailbox import (
     ACTIVE,
+    ANY_LAYER,
     FLAG_PINNED,
     FLAG_STARTUP,
     FREE,
@@ -20,6 +21,7 @@ from hotwire.shared.mailbox import (
     ControlMailbox,
     Fingerprint,
 )
+from hotwire.shared.spec import valid_id
 
 
 @dataclass(frozen=True)
@@ -45,31 +47,48 @@ class SlotUse:
         return bool(self.flags & FLAG_STARTUP)
 
 
-def reusable_slots(box: ControlMailbox) -> list[int]:
-    """Slots that may be written now: FREE, or RETIRING, acked, and held by no request."""
-    d, e = box.directory, box.engine
+def _corrupt(d: np.ndarray, e: np.ndarray, n_layers: int) -> np.ndarray:
+    """Slots whose entry no control API wrote, or that the engine refused (acked as free):
+    an unknown state, an id that is not one, a layer outside the model. Never adopted, kept or
+    shown as a vector; reusable like a retired slot (invariant 8)."""
+    state, layer = d["state"], d["layer"]
+    ids = np.array([valid_id(raw.decode("utf-8", "replace")) for raw in d["vector_id"].tolist()], dtype=bool)
+    bad = ~np.isin(state, (FREE, ACTIVE, RETIRING))
+    bad |= (state != FREE) & (~ids | ((layer != ANY_LAYER) & ((layer < 0) | (layer >= n_layers))))
+    refused = (state == ACTIVE) & (e["applied_seq"] == d["seq"]) & (e["state"] == FREE)
+    return bad | refused
+
+
+def _reusable(d: np.ndarray, e: np.ndarray, corrupt: np.ndarray) -> np.ndarray:
+    acked = e["applied_seq"] == d["seq"]
     state = d["state"]
-    ok = (state == FREE) | ((state == RETIRING) & (e["applied_seq"] == d["seq"]) & (e["inflight"] == 0))
-    return np.flatnonzero(ok).tolist()
+    return (state == FREE) | (((state == RETIRING) | corrupt) & acked & (e["inflight"] == 0))
+
+
+def reusable_slots(box: ControlMailbox) -> list[int]:
+    """Slots that may be written now: FREE, or RETIRING (or corrupt), acked, and held by no request."""
+    d, e = box.directory, box.engine
+    return np.flatnonzero(_reusable(d, e, _corrupt(d, e, box.fingerprint.n_layers))).tolist()
 
 
 class TableSnapshot:
     """The slot table of a mailbox at one moment."""
 
     def __init__(self, box: ControlMailbox):
-        d, e = box.directory.copy(), box.engine.copy()
+        d, e = box.directory, box.engine
         acked = e["applied_seq"] == d["seq"]
         state = d["state"]
+        corrupt = _corrupt(d, e, box.fingerprint.n_layers)
         self.n_slots = box.n_slots
-        self.reusable = np.flatnonzero(
-            (state == FREE) | ((state == RETIRING) & acked & (e["inflight"] == 0))).tolist()
+        self.corrupt = np.flatnonzero(corrupt).tolist()
+        self.reusable = np.flatnonzero(_reusable(d, e, corrupt)).tolist()
         # Retired, held by no request, only the engine's ack missing: reusable within a step.
-        self.draining = np.flatnonzero((state == RETIRING) & ~acked & (e["inflight"] == 0)).tolist()
+        self.draining = np.flatnonzero(((state == RETIRING) | corrupt) & ~acked & (e["inflight"] == 0)).tolist()
         self.uses = [
             SlotUse(s, d["vector_id"][s].decode(), int(d["layer"][s]), int(d["gen"][s]),
                     int(state[s]), int(d["flags"][s]), int(e["inflight"][s]),
                     int(e["last_used_ns"][s]), bool(acked[s]))
-            for s in np.flatnonzero(state != FREE).tolist()]
+            for s in np.flatnonzero((state != FREE) & ~corrupt).tolist()]
         self.active: dict[str, list[SlotUse]] = defaultdict(list)
         for use in self.uses:
             if use.state == ACTIVE:

@@ -153,10 +153,10 @@ class CoreSync:
                 sp = req.sampling_params
                 prompt_len = len(req.prompt_token_ids) if req.prompt_token_ids is not None else 0
                 self.admission.admit(req.req_id, sp.extra_args if sp is not None else None, prompt_len)
-            if self.registry.refs_changed:
+            if self.registry.refs_changed or (self.box is not None and self.box.counters_changed):
                 with self._guard() as usable:
                     if usable:
-                        self._publish_refs()
+                        self._publish_refs()  # and the counters: a request counted is seen counted
         self.counters.steps += 1
         self.counters.host_ns += time.perf_counter_ns() - t
 

@@ -59,17 +59,26 @@ def _after_v2_prepare(runner: Any, batch: Any, args: tuple, kwargs: dict) -> Non
         st.on_batch(batch.req_ids, batch.num_scheduled_tokens)
 
 
-def _after_core_init(core: Any, result: Any, args: tuple, kwargs: dict) -> None:
-    """The engine core is built (every rank has loaded its model): start deciding its steps."""
+def _after_core_kv_init(core: Any, result: Any, args: tuple, kwargs: dict) -> None:
+    """Every rank has loaded its model and sized its KV cache: start deciding the engine's steps.
+
+    (vLLM loads general plugins at the top of ``EngineCore.__init__``, so a patch of ``__init__``
+    itself would miss the first engine; the methods it calls later are looked up when called.)
+    """
     if "_hotwire" in core.__dict__:
         return
     try:
-        sync = CoreSync.start(core)
+        core._hotwire = CoreSync.start(core)
     except Exception:  # hotwire must never keep an engine from serving
         log.exception("hotwire: could not start the engine core's sync; serving without steering")
-        sync = None
-    core._hotwire = sync
-    if sync is None:
+        core._hotwire = None
+
+
+def _before_core_step(core: Any, args: tuple, kwargs: dict) -> None:
+    """Route the scheduler's output through the sync (wrapped on the instance, once: the
+    scheduler is made after the KV cache, and its class depends on the configuration)."""
+    sync = core.__dict__.get("_hotwire")
+    if sync is None or getattr(core.scheduler.schedule, "__hotwire__", False):
         return
     schedule = core.scheduler.schedule
 
@@ -79,7 +88,18 @@ def _after_core_init(core: Any, result: Any, args: tuple, kwargs: dict) -> None:
         sync.on_schedule(out)
         return out
 
+    scheduled.__hotwire__ = True
     core.scheduler.schedule = scheduled
+
+
+def _patch_core(module: ModuleType) -> None:
+    cls = module.EngineCore
+    ok = _wrap(cls, "_initialize_kv_caches", after=_after_core_kv_init)
+    ok &= _wrap(cls, "step", before=_before_core_step)
+    _wrap(cls, "step_with_batch_queue", before=_before_core_step)
+    if not ok:
+        log.error("hotwire: %s.EngineCore lacks _initialize_kv_caches/step; steering is off",
+                  module.__name__)
 
 
 def _wrap(cls: type, name: str, *, before: Callable | None = None, after: Callable | None = None,
@@ -126,7 +146,7 @@ TARGETS: dict[str, Callable[[ModuleType], None]] = {
     "vllm.v1.worker.gpu.model_runner":
         lambda m: _patch_runner(m.GPUModelRunner, "prepare_inputs", _after_v2_prepare),
     "vllm.v1.worker.cpu_model_runner": _patch_cpu,
-    "vllm.v1.engine.core": lambda m: _wrap(m.EngineCore, "__init__", after=_after_core_init),
+    "vllm.v1.engine.core": _patch_core,
     "vllm.v1.request": salts.patch_request,
     "vllm.config.vllm": salts.patch_config_hash,
 }

@@ -318,6 +318,7 @@ class EngineMailbox(_Mailbox):
         self._engine = np.zeros(self.n_slots, dtype=ENGINE)
         self._counters = np.zeros(HEADER["counters"].shape, dtype="<u8")
         self._torn: dict[int, tuple[int, float]] = {}  # slot -> (odd seq, first seen)
+        self.counters_changed = False
 
     @classmethod
     def create(cls, path: str, fp: Fingerprint, n_slots: int, group: int | None = None) -> "EngineMailbox":
@@ -427,7 +428,7 @@ class EngineMailbox(_Mailbox):
         if changed.size:
             e["inflight"], e["last_used_ns"] = inflight, last_used_ns
             self._write_engine(int(changed[0]), int(changed[-1]) + 1)
-        self._set("counters", self._counters)
+        self.flush_counters()
         if applied_gen is not None:
             self._set("applied_gen", applied_gen)
 
@@ -436,14 +437,20 @@ class EngineMailbox(_Mailbox):
 
     def add_counter(self, name: str, n: int = 1) -> None:
         self._counters[COUNTER_INDEX[name]] += n
+        self.counters_changed = True
+
+    def flush_counters(self) -> None:
+        """Write the counters out now (a step that counted something; the heartbeat does too)."""
+        self._check_size()
+        self._set("counters", self._counters)
+        self.counters_changed = False
 
     def set_counter(self, name: str, value: int) -> None:
         self._counters[COUNTER_INDEX[name]] = value
 
     def beat(self, at_ns: int | None = None) -> None:
         """Publish the counters and a sign of life (``at_ns``: a given time, for tests)."""
-        self._check_size()
-        self._set("counters", self._counters)
+        self.flush_counters()
         self._set("heartbeat_ns", time.time_ns() if at_ns is None else at_ns)
 
 
