@@ -39,7 +39,7 @@ checks() {
   job gpu-v2 python3 -m pytest -m gpu tests/test_gpu.py -k v2 --basetemp /tmp/pt-gpu-v2 -p no:cacheprovider -rA
   job gpu-v1 python3 -m pytest -m gpu tests/test_gpu.py -k v1 --basetemp /tmp/pt-gpu-v1 -p no:cacheprovider -rA
   # batch-invariant kernels: the e2e tests compare a request in flight with the same request alone
-  job e2e env HOTWIRE_E2E_GPU=1 VLLM_BATCH_INVARIANT=1 python3 -m pytest tests/test_e2e_serve.py \
+  job e2e env HOTWIRE_E2E_GPU=1 VLLM_BATCH_INVARIANT=1 python3 -m pytest tests/test_e2e_serve.py tests/test_e2e_attacks.py \
     --basetemp /tmp/pt-e2e -p no:cacheprovider -rA
   # control: two plugin-free engines on the e2e model (hidden 128), each compiling cold
   python3 -c "from hotwire.engine_plugin.tiny_model import build_tiny; build_tiny('/tmp/hw-tiny')"

@@ -1,7 +1,7 @@
 """Invariant 8 end to end: what an attacker can send or write harms no one else.
 
 Real processes as deployed (``vllm serve`` with the plugin in vLLM's multiprocess layout, and
-``hotwire control-api`` on its mailbox). Expected outputs come from the same server before the
+``hotwire control-api`` on its mailbox), on CPU, or on a GPU with ``HOTWIRE_E2E_GPU=1``. Expected outputs come from the same server before the
 attack: an unsteered request must keep its tokens, a steered one its steered tokens.
 
 - spec attack: entries whose ``|scale| * max|v|`` overflows the stream, sent beside unsteered
@@ -20,10 +20,11 @@ from concurrent.futures import ThreadPoolExecutor
 import numpy as np
 import pytest
 
-from conftest import CPU_ENGINE, HIDDEN, requires_vllm
+from conftest import HIDDEN, requires_vllm
 from control_harness import json_body
 from hotwire.shared.mailbox import DIRECTORY, HEADER_BYTES, ControlMailbox
 from servers import ControlApi, VllmServer, logs_on_failure, wait_for
+from test_e2e_serve import ENGINE, ENGINE_ENV  # CPU, or as deployed on a GPU (HOTWIRE_E2E_GPU=1)
 
 pytestmark = [requires_vllm, pytest.mark.vllm, pytest.mark.slow]
 
@@ -36,7 +37,7 @@ OVERFLOWS = [json.dumps({"id": "v", "layer": 1, "scale": s}) for s in (3.4e38, -
 @pytest.fixture(scope="module")
 def served(request, tmp_path_factory, tiny_model):
     tmp = tmp_path_factory.mktemp("attacks")
-    engine = VllmServer(tmp / "engine", tiny_model, CPU_ENGINE)
+    engine = VllmServer(tmp / "engine", tiny_model, ENGINE, **ENGINE_ENV)
     control = ControlApi(tmp / "control", engine.mailbox, token=TOKEN)
     try:
         with logs_on_failure(request, engine, control):
