@@ -13,6 +13,7 @@ The database file is watched (invariant 7): when the path no longer names the fi
 opened (the state directory removed, the file replaced), every later write would land in a file
 nobody will ever read again. :meth:`Catalog.problem` notices, marks the catalog lost for good and
 every write from then on raises :class:`CatalogLost`; reads keep answering from memory.
+:meth:`Catalog.write_refusal` is the answer writes get then (503 ``catalog_lost``).
 """
 
 from __future__ import annotations
@@ -32,6 +33,8 @@ from typing import Any
 import numpy as np
 
 from hotwire.shared.wire import decode_safetensors, encode_safetensors
+
+from .errors import ApiError
 
 SCHEMA_VERSION = 1
 _SCHEMA = """
@@ -59,6 +62,27 @@ log = logging.getLogger("hotwire.control_api")
 
 class CatalogLost(RuntimeError):
     """The database file this catalog opened is gone from its path; nothing can be persisted."""
+
+
+class VectorExists(Exception):
+    """``put(replace=False)`` of an id the catalog holds (possibly written by another replica
+    a moment ago): the caller answers 409."""
+
+    def __init__(self, vector_id: str, generation: int):
+        super().__init__(f"vector {vector_id!r} exists (generation {generation})")
+        self.vector_id, self.generation = vector_id, generation
+
+
+class StaleGeneration(ValueError):
+    """``put(generation=G)`` where the catalog holds a newer generation of the id than ``G``."""
+
+
+def lost_error(lost: str) -> ApiError:
+    """The answer to a write while the SQLite catalog is lost (see :meth:`Catalog.problem`)."""
+    return ApiError(503, "catalog_lost", f"{lost}. Writes are refused so that nothing is "
+                    "acknowledged that would not survive a restart; reads answer from memory and "
+                    "the engine keeps its vectors. Put the state directory back and restart the "
+                    "control API.")
 
 
 @dataclass(frozen=True)
@@ -123,6 +147,11 @@ class Catalog:
                           "API (a fresh catalog adopts what the engine holds)", self.lost)
         return self.lost
 
+    def write_refusal(self) -> ApiError | None:
+        """The error every write gets now (503 ``catalog_lost``), or ``None``."""
+        lost = self.problem()
+        return None if lost is None else lost_error(lost)
+
     def _require_present(self) -> None:
         lost = self.problem()
         if lost is not None:
@@ -167,18 +196,27 @@ class Catalog:
         return self._high_water.get(vector_id)
 
     def put(self, vector_id: str, vector: np.ndarray, *, dtype: str, layers: tuple[int, ...] | None,
-            pinned: bool, metadata: dict[str, Any], generation: int | None = None) -> VectorRecord:
+            pinned: bool, metadata: dict[str, Any], generation: int | None = None,
+            replace: bool = True) -> VectorRecord:
         """Create or replace ``vector_id``, under the id's next generation or ``generation``.
 
-        ``generation`` keeps a generation an engine already holds (adoption); it must be newer
-        than the record it replaces. The high-water mark only ever grows.
+        ``replace=False`` creates only: :class:`VectorExists` if the id has a record.
+        ``generation`` keeps a generation an engine already holds (adoption): the record of
+        that generation already there is returned unchanged (adoption is idempotent), an older
+        one is replaced, a newer one raises :class:`StaleGeneration`. The high-water mark only
+        ever grows.
         """
         old = self._records.get(vector_id)
-        if generation is not None and old is not None and generation <= old.generation:
-            raise ValueError(f"{vector_id}: generation {generation} is not newer than "
-                             f"{old.generation}")
+        if generation is not None and old is not None:
+            if generation == old.generation:
+                return old
+            if generation < old.generation:
+                raise StaleGeneration(f"{vector_id}: generation {generation} is older than "
+                                      f"{old.generation}")
         now = time.time()
         with self._transaction() as db:
+            if not replace and old is not None:
+                raise VectorExists(vector_id, old.generation)
             last = self._stored_high_water(db, vector_id)
             generation = last + 1 if generation is None else generation
             high_water = max(generation, last)

@@ -13,6 +13,10 @@ Same contract as :class:`.catalog.Catalog` (see :mod:`.catalog_store`), plus wha
   reconcile loop reads :meth:`records`, so each replica's engine follows the shared catalog.
 - Memory is updated per id only by a change at least as new (by ``seq``) as the one it holds, so
   the listener and this process's own commits may apply in any order.
+- A create (``put(replace=False)``) checks that the id has no record after taking the ``seq``
+  row, so of two replicas creating one id at once the second gets :class:`.catalog.VectorExists`
+  (409), never a silent replace; an adoption (``put(generation=G)``) of a record already at
+  ``G`` is a no-op, so replicas adopting the same engine vector at once both succeed.
 - While the database is unreachable the last records read stay in memory (the engine keeps its
   vectors), :meth:`problem` says why, writes raise ``ApiError(503, "catalog_unavailable")``, and
   the listener reconnects with backoff, then catches up. The constructor fails instead: a
@@ -37,7 +41,7 @@ from psycopg.conninfo import conninfo_to_dict
 
 from hotwire.shared.wire import decode_safetensors, encode_safetensors
 
-from .catalog import VectorRecord
+from .catalog import StaleGeneration, VectorExists, VectorRecord
 from .errors import ApiError
 
 log = logging.getLogger("hotwire.control_api")
@@ -202,6 +206,11 @@ class PostgresCatalog:
         or ``None``. Unlike a lost SQLite file, this clears once the database is back."""
         return self._problem
 
+    def write_refusal(self) -> ApiError | None:
+        """The error every write gets now (503 ``catalog_unavailable``), or ``None``."""
+        problem = self._problem
+        return None if problem is None else unavailable(f"{problem}; retry once it is back")
+
     @property
     def lost(self) -> str | None:
         """:meth:`problem`, as :attr:`.catalog.Catalog.lost` offers it."""
@@ -228,20 +237,27 @@ class PostgresCatalog:
     # Writing -----------------------------------------------------------------------------
 
     def put(self, vector_id: str, vector: np.ndarray, *, dtype: str, layers: tuple[int, ...] | None,
-            pinned: bool, metadata: dict[str, Any], generation: int | None = None) -> VectorRecord:
+            pinned: bool, metadata: dict[str, Any], generation: int | None = None,
+            replace: bool = True) -> VectorRecord:
         """Create or replace ``vector_id``, under the id's next generation or ``generation``.
 
-        ``generation`` keeps a generation an engine already holds (adoption); it must be newer
-        than the record it replaces (checked against the database, ``ValueError`` if not). The
-        high-water mark only ever grows.
+        Checked against the database, under the catalog-wide ``seq`` lock: ``replace=False``
+        raises :class:`.catalog.VectorExists` when the id has a record; ``generation`` (adoption
+        of what an engine holds) returns the record already at that generation unchanged, and
+        raises :class:`.catalog.StaleGeneration` when the record is newer. The high-water mark
+        only ever grows.
         """
         now = time.time()
         shape, data = json.dumps(list(vector.shape)), encode_safetensors(vector)
         layers_json = None if layers is None else json.dumps(list(layers))
         given = generation
 
-        def write(conn: psycopg.Connection) -> tuple[int, int, VectorRecord]:
+        def write(conn: psycopg.Connection) -> tuple[int | None, int | None, VectorRecord]:
             seq = self._next_seq(conn)
+            old = conn.execute("SELECT generation FROM hotwire_vectors WHERE id = %s",
+                               (vector_id,)).fetchone()
+            if old is not None and not replace:
+                raise VectorExists(vector_id, old[0])
             if given is None:
                 generation, high_water = conn.execute(
                     "INSERT INTO hotwire_generations AS g (id, last, changed_seq) "
@@ -249,10 +265,14 @@ class PostgresCatalog:
                     "changed_seq = excluded.changed_seq RETURNING last, last",
                     (vector_id, seq)).fetchone()
             else:
-                old = conn.execute("SELECT generation FROM hotwire_vectors WHERE id = %s",
-                                   (vector_id,)).fetchone()
-                if old is not None and given <= old[0]:
-                    raise ValueError(f"{vector_id}: generation {given} is not newer than {old[0]}")
+                if old is not None and given == old[0]:  # another replica adopted it first
+                    row = conn.execute(f"SELECT {_RECORD} FROM hotwire_vectors v WHERE v.id = %s",
+                                       (vector_id,)).fetchone()
+                    self._refresh(conn, [vector_id])
+                    return None, None, VectorRecord.from_row(row)
+                if old is not None and given < old[0]:
+                    raise StaleGeneration(f"{vector_id}: generation {given} is older than "
+                                          f"{old[0]}")
                 generation, (high_water,) = given, conn.execute(
                     "INSERT INTO hotwire_generations AS g (id, last, changed_seq) "
                     "VALUES (%s, %s, %s) ON CONFLICT (id) DO UPDATE SET "
@@ -272,7 +292,8 @@ class PostgresCatalog:
             return seq, high_water, VectorRecord.from_row(row)
 
         seq, high_water, record = self._write(write)
-        self._apply(vector_id, record, seq, high_water)
+        if seq is not None:
+            self._apply(vector_id, record, seq, high_water)
         return record
 
     def delete(self, vector_id: str) -> bool:

@@ -5,7 +5,12 @@ directory, the default: one control API per catalog) and
 :class:`.catalog_postgres.PostgresCatalog` (one PostgreSQL database shared by the control APIs of
 N replicas, chosen by ``HOTWIRE_CATALOG_DSN``). Contract of both: every write is one committed
 transaction and the in-memory records change only after the commit; reads of metadata come from
-memory; an id's generation grows across its whole history, deletes included.
+memory; an id's generation grows across its whole history, deletes included; ``put`` with
+``replace=False`` creates only (``VectorExists``, checked where the data lives, so two replicas
+creating one id cannot both succeed); ``put`` with ``generation`` is idempotent (adopting a
+record already at that generation changes nothing); ``write_refusal`` is the 503 every write
+gets while ``problem()`` is set (``catalog_lost`` for a lost SQLite file, ``catalog_unavailable``
+for an unreachable database).
 """
 
 from __future__ import annotations
@@ -15,12 +20,16 @@ from typing import Any, Protocol
 import numpy as np
 
 from .catalog import Catalog, VectorRecord
+from .errors import ApiError
 from .settings import Settings
+
 
 class CatalogStore(Protocol):
     """The catalog interface the slot manager, routers and metrics use."""
 
     def problem(self) -> str | None: ...
+
+    def write_refusal(self) -> ApiError | None: ...
 
     def records(self) -> dict[str, VectorRecord]: ...
 
@@ -32,7 +41,7 @@ class CatalogStore(Protocol):
 
     def put(self, vector_id: str, vector: np.ndarray, *, dtype: str,
             layers: tuple[int, ...] | None, pinned: bool, metadata: dict[str, Any],
-            generation: int | None = None) -> VectorRecord: ...
+            generation: int | None = None, replace: bool = True) -> VectorRecord: ...
 
     def delete(self, vector_id: str) -> bool: ...
 
