@@ -16,7 +16,8 @@ stride; an entry's four words contiguous)::
     out[t] = x[t] + sum_k  where(lo <= positions[t] < hi,  scale * bank[row],  -0.0)
              with (row, lo, hi, scale as float32 bits) = route[t, k]
 
-in float32, saturated to the finite range of ``x.dtype`` and rounded once to it. A token with no
+in float32 (each term clamped to float32's finite range, so no sum is ever NaN), saturated to the
+finite range of ``x.dtype`` and rounded once to it. A token with no
 entry on keeps every bit (here ``-0.0`` is the exact identity of float addition; the Triton
 kernel stores such a token as loaded). A steered token never becomes non-finite (invariant 8):
 admission bounds each entry's size (:func:`.routing.entry_limit`), and the saturation is the
@@ -42,8 +43,9 @@ def reference(x: torch.Tensor, positions: torch.Tensor, bank: torch.Tensor, rout
     pos = positions[:n, None]                                    # [T, 1]
     on = (pos >= rt[..., 1]) & (pos < rt[..., 2])                # [T, K]
     acc = x.to(torch.float32, copy=True)                         # [T, H]
+    big = torch.finfo(torch.float32).max
     for k in range(rt.shape[1]):  # K is small and static
-        v = bank[rt[:, k, 0]].float() * c[:, k, None]            # [T, H]
+        v = (bank[rt[:, k, 0]].float() * c[:, k, None]).clamp(-big, big)  # [T, H] finite: no inf - inf
         acc = acc + torch.where(on[:, k, None], v, -0.0)
     top = torch.finfo(x.dtype).max
     acc = torch.where(on.any(1, keepdim=True), acc.clamp(-top, top), acc)  # steered tokens only

@@ -4,7 +4,8 @@ One program per (token, block of the hidden dim). The routing entries a program 
 the token's own index, so the bank row is the only dependent load, and it is skipped (masked)
 for entries that are off: an unsteered token reads x and its routing entries, and stores x as
 loaded (a select, not an add of zero, which compilers may fold away from ``-0.0``); a steered
-token is saturated to the output dtype's finite range ``[-TOP, TOP]`` before it is rounded.
+token's terms are clamped to float32's finite range and its sum saturated to the output dtype's
+``[-TOP, TOP]`` before it is rounded.
 """
 
 from __future__ import annotations
@@ -12,6 +13,8 @@ from __future__ import annotations
 import torch
 import triton
 import triton.language as tl
+
+F32_MAX: tl.constexpr = tl.constexpr(3.4028234663852886e38)
 
 
 @triton.jit
@@ -33,7 +36,7 @@ def _steer(x_ptr, out_ptr, pos_ptr, bank_ptr, route_ptr, route_stride,
         hits += on.to(tl.int32)
         width = tl.where(on, H, 0)                              # off: the row is not read, v = 0
         v = tl.load(bank_ptr + row * H + cols, mask=cols < width, other=0.0).to(tl.float32)
-        acc += v * scale
+        acc += tl.minimum(tl.maximum(v * scale, -F32_MAX), F32_MAX)  # finite terms: never inf - inf
     acc = tl.minimum(tl.maximum(acc, -TOP), TOP)
     # a token with no entry on is stored as loaded: every bit, signed zeros included
     out = tl.where(hits > 0, acc.to(out_ptr.dtype.element_ty), x)
