@@ -14,12 +14,10 @@ import torch
 import triton
 import triton.language as tl
 
-F32_MAX: tl.constexpr = tl.constexpr(3.4028234663852886e38)
-
 
 @triton.jit
 def _steer(x_ptr, out_ptr, pos_ptr, bank_ptr, route_ptr, route_stride,
-           H: tl.constexpr, K: tl.constexpr, BLOCK: tl.constexpr, TOP: tl.constexpr):
+           H: tl.constexpr, K: tl.constexpr, BLOCK: tl.constexpr, TOP: tl.constexpr, BIG: tl.constexpr):
     t = tl.program_id(0).to(tl.int64)
     cols = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)       # [BLOCK]
     x = tl.load(x_ptr + t * H + cols, mask=cols < H)
@@ -36,7 +34,7 @@ def _steer(x_ptr, out_ptr, pos_ptr, bank_ptr, route_ptr, route_stride,
         hits += on.to(tl.int32)
         width = tl.where(on, H, 0)                              # off: the row is not read, v = 0
         v = tl.load(bank_ptr + row * H + cols, mask=cols < width, other=0.0).to(tl.float32)
-        acc += tl.minimum(tl.maximum(v * scale, -F32_MAX), F32_MAX)  # finite terms: never inf - inf
+        acc += tl.minimum(tl.maximum(v * scale, -BIG), BIG)  # finite terms: never inf - inf
     acc = tl.minimum(tl.maximum(acc, -TOP), TOP)
     # a token with no entry on is stored as loaded: every bit, signed zeros included
     out = tl.where(hits > 0, acc.to(out_ptr.dtype.element_ty), x)
@@ -55,5 +53,6 @@ def launch(x: torch.Tensor, positions: torch.Tensor, bank: torch.Tensor, route: 
     block = min(1024, triton.next_power_of_2(h))
     _steer[(n, triton.cdiv(h, block))](x, out, positions, bank, route, route.stride(0),
                                        H=h, K=route.shape[1], BLOCK=block,
-                                       TOP=torch.finfo(x.dtype).max, num_warps=4)
+                                       TOP=torch.finfo(x.dtype).max, BIG=torch.finfo(torch.float32).max,
+                                       num_warps=4)
     return out
