@@ -1,8 +1,10 @@
 """The control API application: ``create_app(settings)``.
 
-Services (catalog, engine link, slot manager, metrics) are made in the lifespan, not at import
+Services (catalog, engines, replica reports, metrics) are made in the lifespan, not at import
 or construction, so building the app touches no disk and two apps never share state. The
-lifespan reconciles once before serving, then every ``RECONCILE_PERIOD_S`` in the background.
+lifespan reconciles every rank once before serving, then every ``RECONCILE_PERIOD_S`` in the
+background; with a PostgreSQL catalog it also publishes this replica's residency report about
+every second (see :mod:`.replicas`).
 """
 
 from __future__ import annotations
@@ -17,12 +19,12 @@ from fastapi import FastAPI
 
 from .catalog_store import catalog_location, open_catalog
 from .dependencies import Services
-from .engine_link import EngineLink
+from .engines import Engines
 from .errors import install_error_handlers
 from .metrics import Metrics, count_uploads
+from .replicas import ReplicaReports
 from .routers import health, slots, vectors
 from .settings import Settings
-from .slots import SlotManager
 
 log = logging.getLogger("hotwire.control_api")
 
@@ -38,21 +40,32 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         log.info("catalog %s: %d vector(s); engine vectors it does not know are %s",
                  catalog_location(settings), len(catalog.records()),
                  "adopted" if settings.unknown_vectors == "adopt" else "retired")
-        link = EngineLink(settings.mailbox)
-        manager = SlotManager(catalog, link, evict_timeout_s=settings.evict_timeout_s,
-                              heartbeat_timeout_s=settings.heartbeat_timeout_s,
-                              unknown_vectors=settings.unknown_vectors)
-        app.state.services = Services(settings, catalog, manager, Metrics(catalog, manager))
-        async with manager.lock:
-            manager.reconcile()
-        reconciler = asyncio.create_task(manager.run(), name="hotwire-reconcile")
+        engines = Engines(catalog, settings.mailbox, evict_timeout_s=settings.evict_timeout_s,
+                          heartbeat_timeout_s=settings.heartbeat_timeout_s,
+                          unknown_vectors=settings.unknown_vectors)
+        shared = None
+        if settings.catalog_dsn is not None:
+            from .catalog_postgres import PostgresCatalog  # psycopg is an optional extra
+
+            assert isinstance(catalog, PostgresCatalog)
+            shared = catalog
+        replicas = ReplicaReports(settings.replica, engines, shared)
+        app.state.services = Services(settings, catalog, engines, replicas,
+                                      Metrics(catalog, engines))
+        async with engines.lock:
+            engines.reconcile()
+        tasks = [asyncio.create_task(engines.run(), name="hotwire-reconcile")]
+        if shared is not None:
+            tasks.append(asyncio.create_task(replicas.run(), name="hotwire-residency"))
         try:
             yield
         finally:
-            reconciler.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await reconciler
-            link.close()
+            for task in tasks:
+                task.cancel()
+            for task in tasks:
+                with contextlib.suppress(asyncio.CancelledError):
+                    await task
+            engines.close()
             catalog.close()
 
     app = FastAPI(title="hotwire control API", version=version("hotwire"), lifespan=lifespan,

@@ -10,21 +10,24 @@ from fastapi import Depends, Request
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 from pydantic import SecretStr
 
-from .catalog import Catalog
+from .catalog_store import CatalogStore
+from .engines import Engines
 from .errors import ApiError
 from .metrics import Metrics
+from .replicas import ReplicaReports
 from .settings import Settings
-from .slots import SlotManager
 from .uploads import UploadGate
 
 
 @dataclass(frozen=True)
 class Services:
-    """Everything a route needs; made by the app's lifespan, one set per app."""
+    """Everything a route needs; made by the app's lifespan, one set per app. ``slots``: the
+    slot tables of every engine (DP rank) this API feeds."""
 
     settings: Settings
-    catalog: Catalog
-    slots: SlotManager
+    catalog: CatalogStore
+    slots: Engines
+    replicas: ReplicaReports
     metrics: Metrics
     uploads: UploadGate = field(default_factory=UploadGate)
 

@@ -1,6 +1,8 @@
-"""Prometheus metrics: read from the catalog and the mailbox at scrape time, plus upload results.
+"""Prometheus metrics: read from the catalog and the mailboxes at scrape time, plus upload results.
 
-Each app has its own registry, so several apps in one process (tests) do not collide.
+Engine metrics carry a ``dp_rank`` label (``"0"`` for an engine without data parallelism), one
+series per rank the control API feeds; catalog metrics and upload counts have none. Each app has
+its own registry, so several apps in one process (tests) do not collide.
 """
 
 from __future__ import annotations
@@ -13,19 +15,18 @@ from prometheus_client.metrics_core import CounterMetricFamily, GaugeMetricFamil
 from prometheus_client.registry import Collector
 
 from .catalog_store import CatalogStore
-from .slots import SlotManager
+from .engines import Engines
 
 UNSTEERED = "unsteered_"
 
 
 class StateCollector(Collector):
-    """Catalog, slot table and engine counters, as they are when scraped."""
+    """Catalog, slot tables and engine counters, as they are when scraped."""
 
-    def __init__(self, catalog: CatalogStore, slots: SlotManager):
-        self.catalog, self.slots = catalog, slots
+    def __init__(self, catalog: CatalogStore, engines: Engines):
+        self.catalog, self.engines = catalog, engines
 
     def collect(self) -> Iterator[Metric]:
-        view = self.slots.view()
         records = self.catalog.records().values()
         yield GaugeMetricFamily("hotwire_catalog_vectors", "Vectors in the catalog",
                                 value=len(records))
@@ -33,57 +34,72 @@ class StateCollector(Collector):
                                 "0 when the catalog cannot persist writes (e.g. its file was "
                                 "removed or replaced while running)",
                                 value=int(self.catalog.problem() is None))
-        yield GaugeMetricFamily("hotwire_engine_attached", "1 when an engine mailbox is attached",
-                                value=int(view is not None))
+        rank = ["dp_rank"]
+        attached = GaugeMetricFamily("hotwire_engine_attached",
+                                     "1 when the engine's mailbox is attached", labels=rank)
         resident = GaugeMetricFamily("hotwire_resident_vectors",
-                                     "Catalog vectors fully written into the engine's slots")
-        used = GaugeMetricFamily("hotwire_slots_used", "Engine slots not reusable")
-        total = GaugeMetricFamily("hotwire_slots_total", "Engine slot budget")
+                                     "Catalog vectors fully written into the engine's slots",
+                                     labels=rank)
+        used = GaugeMetricFamily("hotwire_slots_used", "Engine slots not reusable", labels=rank)
+        total = GaugeMetricFamily("hotwire_slots_total", "Engine slot budget", labels=rank)
         heartbeat = GaugeMetricFamily("hotwire_engine_heartbeat_age_seconds",
-                                      "Age of the engine's last heartbeat")
+                                      "Age of the engine's last heartbeat", labels=rank)
         lag = GaugeMetricFamily("hotwire_mailbox_unapplied_generations",
-                                "Mailbox generations written but not yet applied by the engine")
+                                "Mailbox generations written but not yet applied by the engine",
+                                labels=rank)
         steered = CounterMetricFamily("hotwire_engine_steered_requests",
-                                      "Requests that arrived with a valid, resolvable spec")
+                                      "Requests that arrived with a valid, resolvable spec",
+                                      labels=rank)
         unsteered = CounterMetricFamily("hotwire_engine_unsteered_requests",
-                                        "Requests run unsteered, by reason", labels=["reason"])
+                                        "Requests run unsteered, by reason",
+                                        labels=[*rank, "reason"])
         applied = CounterMetricFamily("hotwire_engine_mailbox_rows_applied",
-                                      "Mailbox rows the engine copied into its bank")
+                                      "Mailbox rows the engine copied into its bank", labels=rank)
         torn = CounterMetricFamily("hotwire_engine_mailbox_torn_reads",
-                                   "Mailbox entries the engine skipped mid-write")
-        steps = CounterMetricFamily("hotwire_engine_steps", "Engine steps hotwire routed")
+                                   "Mailbox entries the engine skipped mid-write", labels=rank)
+        steps = CounterMetricFamily("hotwire_engine_steps", "Engine steps hotwire routed",
+                                    labels=rank)
         host = CounterMetricFamily("hotwire_engine_host_seconds",
-                                   "Time hotwire's per-step work held the engine's step thread")
-        if view is not None:
-            resident.add_metric([], sum(self.slots.residency(r, view).resident for r in records))
-            used.add_metric([], view.table.used)
-            total.add_metric([], view.table.n_slots)
-            heartbeat.add_metric([], view.heartbeat_age_s)
-            lag.add_metric([], max(0, view.target_gen - view.applied_gen))
-            by_name = {"steered_requests": steered, "mailbox_rows_applied": applied,
-                       "mailbox_torn_reads": torn}
+                                   "Time hotwire's per-step work held the engine's step thread",
+                                   labels=rank)
+        evicted = CounterMetricFamily("hotwire_evicted_vectors", "Vectors evicted to make room",
+                                      labels=rank)
+        adopted = CounterMetricFamily("hotwire_adopted_vectors",
+                                      "Engine vectors the catalog did not know, adopted into it",
+                                      labels=rank)
+        by_name = {"steered_requests": steered, "mailbox_rows_applied": applied,
+                   "mailbox_torn_reads": torn}
+        for manager in self.engines:
+            label = [str(manager.rank)]
+            view = manager.view()
+            attached.add_metric(label, int(view is not None))
+            evicted.add_metric(label, manager.evicted_total)
+            adopted.add_metric(label, manager.adopted_total)
+            if view is None:
+                continue
+            resident.add_metric(label, sum(manager.residency(r, view).resident for r in records))
+            used.add_metric(label, view.table.used)
+            total.add_metric(label, view.table.n_slots)
+            heartbeat.add_metric(label, view.heartbeat_age_s)
+            lag.add_metric(label, max(0, view.target_gen - view.applied_gen))
             counters = view.counters
             for name, value in counters.items():
                 if name.startswith(UNSTEERED):
-                    unsteered.add_metric([name[len(UNSTEERED):]], value)
+                    unsteered.add_metric([*label, name[len(UNSTEERED):]], value)
                 elif name in by_name:
-                    by_name[name].add_metric([], value)
-            steps.add_metric([], counters["steps"])
-            host.add_metric([], counters["host_ns"] / 1e9)
-        yield from (resident, used, total, heartbeat, lag, steered, unsteered, applied, torn, steps, host)
-        yield CounterMetricFamily("hotwire_evicted_vectors", "Vectors evicted to make room",
-                                  value=self.slots.evicted_total)
-        yield CounterMetricFamily("hotwire_adopted_vectors",
-                                  "Engine vectors the catalog did not know, adopted into it",
-                                  value=self.slots.adopted_total)
+                    by_name[name].add_metric(label, value)
+            steps.add_metric(label, counters["steps"])
+            host.add_metric(label, counters["host_ns"] / 1e9)
+        yield from (attached, resident, used, total, heartbeat, lag, steered, unsteered, applied,
+                    torn, steps, host, evicted, adopted)
 
 
 class Metrics:
-    def __init__(self, catalog: CatalogStore, slots: SlotManager):
+    def __init__(self, catalog: CatalogStore, engines: Engines):
         self.registry = CollectorRegistry()
         self.uploads = Counter("hotwire_uploads", "Vector uploads by HTTP status", ["status"],
                                registry=self.registry)
-        self.registry.register(StateCollector(catalog, slots))
+        self.registry.register(StateCollector(catalog, engines))
 
     def render(self) -> bytes:
         return generate_latest(self.registry)

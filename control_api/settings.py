@@ -8,6 +8,7 @@ read from the environment only: a secret on the command line leaks into ``ps``.
 from __future__ import annotations
 
 import os
+import socket
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any, ClassVar, Literal
@@ -48,6 +49,9 @@ class Settings(BaseModel):
     catalog_dsn: SecretStr | None = Field(
         None, description="postgresql:// DSN of a catalog shared by replicas; unset = SQLite in "
         "state_dir")
+    replica: str = Field(default_factory=socket.gethostname, min_length=1,
+                         description="this replica's name in the residency reports replicas share "
+                         "(Kubernetes: the pod name)")
     max_upload_bytes: int = Field(64 * 2**20, gt=0, description="largest accepted request body")
     heartbeat_timeout_s: float = Field(10.0, gt=0, description="engine heartbeat age that fails /readyz")
     evict_timeout_s: float = Field(5.0, ge=0, description="how long an upload waits for evicted slots")
@@ -61,6 +65,7 @@ class Settings(BaseModel):
         "token": "HOTWIRE_TOKEN",
         "read_token": "HOTWIRE_READ_TOKEN",
         "catalog_dsn": "HOTWIRE_CATALOG_DSN",
+        "replica": "HOTWIRE_REPLICA",
         "max_upload_bytes": "HOTWIRE_MAX_UPLOAD_BYTES",
         "heartbeat_timeout_s": "HOTWIRE_HEARTBEAT_TIMEOUT_S",
         "evict_timeout_s": "HOTWIRE_EVICT_TIMEOUT_S",

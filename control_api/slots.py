@@ -1,20 +1,23 @@
-"""Slot manager: keeps an engine's mailbox holding the catalog, within the engine's slot budget.
+"""Slot manager: keeps one engine's mailbox holding the catalog, within its slot budget.
 
-The mailbox directory is the record of what is resident; nothing here caches it, so a restart
-of either side is handled by reading it again (invariant 7):
+One manager per engine (per data-parallel rank); :mod:`.engines` holds them all, takes the one
+lock every mutation holds, and writes the catalog once for all of them. The mailbox directory is
+the record of what is resident; nothing here caches it, so a restart of either side is handled
+by reading it again (invariant 7):
 
 - :meth:`SlotManager.reconcile` (every ``RECONCILE_PERIOD_S``) attaches to the engine, adopts
   vectors the engine holds that the catalog does not know (see :mod:`.adoption`; retired
   instead, each with a WARNING, when ``unknown_vectors="retire"`` is chosen), retires slots the
   catalog does not want (deleted vectors, old generations) and writes catalog vectors that are
   missing into free slots. It never evicts.
-- :meth:`SlotManager.register` writes an upload, evicting least-recently-used idle vectors when
-  the table is full; :meth:`SlotManager.remove` retires a vector's slots. Both write the catalog
-  before any row goes into the mailbox, and write nothing more when that fails.
+- An upload goes through :meth:`SlotManager.place` (rows for this engine's model),
+  :meth:`SlotManager.plan_room` (which idle vectors to evict, least recently used first; 507
+  with nothing changed when there is no room), :meth:`SlotManager.free`,
+  :meth:`SlotManager.await_room`, and, once the catalog took it, :meth:`SlotManager.write`.
 
 While the catalog cannot persist writes (``catalog.problem()``: the SQLite file removed or
-replaced, 503 ``catalog_lost``; PostgreSQL unreachable) the API is unready, writes are refused
-and the reconciler retires and adopts nothing.
+replaced, 503 ``catalog_lost``; PostgreSQL unreachable, 503 ``catalog_unavailable``) the API is
+unready, writes are refused and the reconciler retires and adopts nothing.
 
 A slot is reused only through the mailbox's two-phase protocol (invariant 6): retire, wait until
 the engine has acknowledged and no request holds it, then write. A replace writes the new rows
@@ -22,8 +25,8 @@ into free slots and retires the old ones after (the engine binds the newest writ
 ``(id, layer)``), so the vector never goes missing; only when the table has no room does it
 retire its own idle slots first and reuse them.
 
-Every mutation holds one asyncio lock, so an upload waiting on evictions and the reconcile loop
-never pick slots at the same time. Engine contract: startup slots (``FLAG_STARTUP``) are
+Every mutation holds the collection's asyncio lock (:attr:`.engines.Engines.lock`), so an upload
+waiting on evictions and the reconcile loop never pick slots at the same time. Engine contract: startup slots (``FLAG_STARTUP``) are
 published before the engine arms its layers; nothing is written while no layer is armed.
 """
 
@@ -34,15 +37,17 @@ import logging
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from typing import Literal
+
+import numpy as np
 
 from hotwire.shared.mailbox import ACTIVE, FLAG_PINNED, ControlMailbox, MailboxError
 from hotwire.shared.wire import VectorError
 
 from .adoption import Adoption, UnknownVectors, plan_adoptions, verdict
-from .catalog import CatalogLost, VectorRecord
+from .catalog import CatalogLost, StaleGeneration, VectorExists, VectorRecord, lost_error
 from .catalog_store import CatalogStore
 from .engine_link import EngineLink
 from .errors import ApiError
@@ -50,7 +55,8 @@ from .placement import mailbox_rows, target_layers
 from .snapshot import EngineView, SlotUse, TableSnapshot, reusable_slots
 from .uploads import Upload
 
-__all__ = ["EngineView", "Residency", "ResidencyState", "SlotManager"]
+__all__ = ["EngineView", "Placement", "Residency", "ResidencyState", "SlotManager",
+           "catalog_write"]
 
 log = logging.getLogger("hotwire.control_api")
 
@@ -63,7 +69,7 @@ ResidencyState = Literal["resident", "queued", "not_resident", "incompatible", "
 
 @dataclass(frozen=True)
 class Residency:
-    """Where a catalog vector stands on the attached engine."""
+    """Where a catalog vector stands on one engine."""
 
     state: ResidencyState
     reason: str | None
@@ -74,15 +80,43 @@ class Residency:
         return self.state == "resident"
 
 
+@dataclass
+class Placement:
+    """One upload on one engine: its rows, and the slots they go into once room is made."""
+
+    box: ControlMailbox
+    layers: tuple[int, ...]
+    rows: list[tuple[int, np.ndarray]]
+    own: list[int] = field(default_factory=list)  # the vector's live slots before the upload
+    retire: list[int] = field(default_factory=list)  # to free: own idle slots, then evictees
+    evicted: list[str] = field(default_factory=list)
+    slots: list[int] | None = None  # writable slots, once known
+
+
+@contextmanager
+def catalog_write() -> Iterator[None]:
+    """A catalog write as the API answers it: a lost SQLite file is 503 ``catalog_lost``, an id
+    another writer created first is 409 ``exists`` (PostgreSQL raises its 503 itself)."""
+    try:
+        yield
+    except CatalogLost as e:
+        raise lost_error(str(e)) from None
+    except VectorExists as e:
+        raise ApiError(409, "exists", f"{e}; send replace=true to replace it") from None
+
+
 class SlotManager:
+    """The slot table of one engine: ``rank`` is its data-parallel rank (0 without DP)."""
+
     def __init__(self, catalog: CatalogStore, link: EngineLink, *, evict_timeout_s: float,
-                 heartbeat_timeout_s: float, unknown_vectors: UnknownVectors = "adopt"):
+                 heartbeat_timeout_s: float, unknown_vectors: UnknownVectors = "adopt",
+                 rank: int = 0):
         self.catalog = catalog
         self.link = link
+        self.rank = rank
         self.evict_timeout_s = evict_timeout_s
         self.heartbeat_timeout_s = heartbeat_timeout_s
         self.unknown_vectors = unknown_vectors
-        self.lock = asyncio.Lock()
         self.evicted_total = 0
         self.adopted_total = 0
         self.reconcile_error: str | None = None
@@ -102,16 +136,12 @@ class SlotManager:
         except MailboxError:
             return None
 
-    def readiness_problem(self) -> str | None:
-        """Why the engine cannot be steered through this API now, or ``None``.
+    def engine_problem(self) -> str | None:
+        """Why this engine cannot be steered through this API now, or ``None``.
 
-        Ready: the catalog where it was opened, attached, layers armed, heartbeat fresh, the
-        last reconcile pass clean, and the engine not stuck on a mailbox generation (see
-        :class:`SyncWatch`).
+        Ready: attached, layers armed, heartbeat fresh, the last reconcile pass clean, and the
+        engine not stuck on a mailbox generation (see :class:`SyncWatch`).
         """
-        lost = self.catalog.problem()
-        if lost is not None:
-            return f"{lost}; writes are refused"
         box = self.link.box
         if box is None:
             return self.link.problem
@@ -155,76 +185,22 @@ class SlotManager:
         return Residency("not_resident", "waiting for free slots (evicted, or the table is full)",
                          slots)
 
-    # Writing -----------------------------------------------------------------------------
+    def startup_ids(self) -> set[str]:
+        box = self.link.box
+        return set() if box is None else TableSnapshot(box).startup_ids()
 
-    async def register(self, upload: Upload) -> tuple[VectorRecord, bool]:
-        """Catalog and write ``upload``; returns the record and whether it is new.
+    # Writing an upload (the caller holds the collection's lock) --------------------------
 
-        Raises :class:`ApiError` (409, 503, 507) or :class:`VectorError` (422), in which case
-        the catalog is unchanged; so does a catalog write that fails (``sqlite3.Error``, e.g. a
-        full disk), and then no row is written (vectors evicted for room come back by the
-        reconciler, as after an eviction timeout).
-        """
-        async with self.lock:
-            self._require_catalog()
-            box = self._engine()
-            fp = box.fingerprint
-            layers = target_layers(upload.vector.shape, upload.layers, fp, box.armed_layers())
-            rows = mailbox_rows(upload.vector, fp, layers)
-            old = self.catalog.get(upload.vector_id)
-            if old is not None and not upload.replace:
-                raise ApiError(409, "exists", f"vector {upload.vector_id!r} exists (generation "
-                               f"{old.generation}); send replace=true to replace it")
-            table = TableSnapshot(box)
-            if upload.vector_id in table.startup_ids():
-                raise ApiError(409, "startup_vector", f"{upload.vector_id!r} is a startup vector "
-                               "of the engine (HOTWIRE_VECTORS); pick another id")
-            own = [u.slot for u in table.active.get(upload.vector_id, ())]
-            slots = await self._make_room(box, table, len(rows), upload.vector_id)
-            with self._catalog_write():
-                record = self.catalog.put(upload.vector_id, upload.vector, dtype=upload.dtype,
-                                          layers=None if upload.layers is None else layers,
-                                          pinned=upload.pinned, metadata=upload.metadata)
-            flags = FLAG_PINNED if record.pinned else 0
-            for slot, (layer, row) in zip(slots, rows, strict=True):
-                box.write(slot, record.id, layer, row, record.generation, flags)
-            for slot in sorted(set(own) - set(slots)):
-                box.retire(slot)
-            self._problems.pop(record.id, None)
-            log.info("registered %s generation %d in slots %s", record.id, record.generation, slots)
-            return record, old is None
-
-    async def remove(self, vector_id: str) -> None:
-        async with self.lock:
-            self._require_catalog()
-            if self.catalog.get(vector_id) is None:
-                box = self.link.box
-                if box is not None and vector_id in TableSnapshot(box).startup_ids():
-                    raise ApiError(409, "startup_vector", f"{vector_id!r} is a startup vector of "
-                                   "the engine (HOTWIRE_VECTORS); remove it there")
-                raise ApiError(404, "not_found", f"no vector {vector_id!r}")
-            with self._catalog_write():
-                self.catalog.delete(vector_id)
-            self._problems.pop(vector_id, None)
-            box = self.link.box
-            if box is not None:
-                for use in TableSnapshot(box).active.get(vector_id, ()):
-                    box.retire(use.slot)
-            log.info("removed %s", vector_id)
-
-    def _require_catalog(self) -> None:
-        lost = self.catalog.problem()
-        if lost is not None:
-            raise _lost_error(lost)
-
-    @contextmanager
-    def _catalog_write(self) -> Iterator[None]:
+    def writable(self) -> bool:
+        """Attached with layers armed: uploads are written here now (others get the catalog
+        from the reconciler when they attach or arm)."""
+        box = self.link.box
         try:
-            yield
-        except CatalogLost as e:
-            raise _lost_error(str(e)) from None
+            return box is not None and bool(box.armed_layers())
+        except MailboxError:
+            return False
 
-    def _engine(self) -> ControlMailbox:
+    def require_engine(self) -> ControlMailbox:
         box = self.link.box
         if box is None:
             raise ApiError(503, "no_engine", f"no engine attached ({self.link.problem}); vectors "
@@ -233,14 +209,30 @@ class SlotManager:
             raise ApiError(503, "engine_starting", "the engine has not armed any layer yet")
         return box
 
-    async def _make_room(self, box: ControlMailbox, table: TableSnapshot, need: int,
-                         vector_id: str) -> list[int]:
-        """``need`` writable slots, retiring the vector's own idle slots, then LRU idle vectors."""
+    def place(self, upload: Upload) -> Placement:
+        """This engine's rows of ``upload``; :class:`VectorError` (422) if they do not fit it."""
+        box = self.require_engine()
+        fp = box.fingerprint
+        layers = target_layers(upload.vector.shape, upload.layers, fp, box.armed_layers())
+        return Placement(box, layers, mailbox_rows(upload.vector, fp, layers))
+
+    def plan_room(self, placement: Placement, vector_id: str) -> None:
+        """Decide which slots the upload needs freed here, changing nothing: 409 for a startup
+        vector's id, 507 ``no_space`` when nothing evictable makes room, 503 when room needs
+        the acknowledgement of an engine that stopped beating."""
+        box = placement.box
+        table = TableSnapshot(box)
+        if vector_id in table.startup_ids():
+            raise ApiError(409, "startup_vector", f"{vector_id!r} is a startup vector of the "
+                           "engine (HOTWIRE_VECTORS); pick another id")
+        own = table.active.get(vector_id, [])
+        placement.own = [u.slot for u in own]
+        need = len(placement.rows)
         if len(table.reusable) >= need:
-            return table.reusable[:need]
+            placement.slots = table.reusable[:need]
+            return
         coming = len(table.reusable) + len(table.draining)
         retire: list[int] = []
-        own = table.active.get(vector_id, [])
         if own and not any(u.inflight for u in own):
             retire += [u.slot for u in own]
         evicted = []
@@ -255,12 +247,55 @@ class SlotManager:
         if age > self.heartbeat_timeout_s:
             raise ApiError(503, "engine_unresponsive", f"freeing slots needs the engine's "
                            f"acknowledgement, but its heartbeat is {age:.0f}s old")
-        for slot in retire:
+        placement.retire, placement.evicted = retire, evicted
+
+    def free(self, placement: Placement, vector_id: str) -> None:
+        """Retire what :meth:`plan_room` chose."""
+        for slot in placement.retire:
+            placement.box.retire(slot)
+        if placement.evicted:
+            self.evicted_total += len(placement.evicted)
+            log.info("evicting %s to make room for %s%s", ", ".join(placement.evicted),
+                     vector_id, self._where())
+
+    async def await_room(self, placement: Placement, deadline: float) -> None:
+        """Wait (until the monotonic ``deadline``) for the engine to release the freed slots."""
+        box, need = placement.box, len(placement.rows)
+        while placement.slots is None:
+            free = reusable_slots(box)
+            if len(free) >= need:
+                placement.slots = free[:need]
+            elif box.replaced():
+                raise ApiError(503, "engine_restarted", "the engine restarted while slots were "
+                               "being freed; retry")
+            elif time.monotonic() >= deadline:
+                raise ApiError(507, "evict_timeout", f"evicted slots were still in use by running "
+                               f"requests after {self.evict_timeout_s:g}s; the evicted vectors stay "
+                               "in the catalog; retry later")
+            else:
+                await asyncio.sleep(POLL_S)
+
+    def write(self, placement: Placement, record: VectorRecord) -> None:
+        """Write ``record``'s rows into the room made, then retire its older slots (the engine
+        binds the newest write of an ``(id, layer)``, so it never goes missing)."""
+        box, slots = placement.box, placement.slots
+        assert slots is not None
+        flags = FLAG_PINNED if record.pinned else 0
+        for slot, (layer, row) in zip(slots, placement.rows, strict=True):
+            box.write(slot, record.id, layer, row, record.generation, flags)
+        for slot in sorted(set(placement.own) - set(slots)):
             box.retire(slot)
-        if evicted:
-            self.evicted_total += len(evicted)
-            log.info("evicting %s to make room for %s", ", ".join(evicted), vector_id)
-        return await self._await_reusable(box, need)
+        self._problems.pop(record.id, None)
+        log.info("registered %s generation %d in slots %s%s", record.id, record.generation, slots,
+                 self._where())
+
+    def retire_vector(self, vector_id: str) -> None:
+        """Retire every live slot of ``vector_id`` (it was deleted from the catalog)."""
+        self._problems.pop(vector_id, None)
+        box = self.link.box
+        if box is not None:
+            for use in TableSnapshot(box).active.get(vector_id, ()):
+                box.retire(use.slot)
 
     def _eviction_order(self, table: TableSnapshot, exclude: str) -> list[tuple[str, list[SlotUse]]]:
         """Evictable vectors, least recently used first: whole vectors, unpinned, none in use.
@@ -288,41 +323,17 @@ class SlotManager:
                 f"{kept} pinned or startup, {busy} held by running requests; nothing can be "
                 "evicted (delete or unpin a vector, or retry when requests finish)")
 
-    async def _await_reusable(self, box: ControlMailbox, need: int) -> list[int]:
-        deadline = time.monotonic() + self.evict_timeout_s
-        while True:
-            free = reusable_slots(box)
-            if len(free) >= need:
-                return free[:need]
-            if box.replaced():
-                raise ApiError(503, "engine_restarted", "the engine restarted while slots were "
-                               "being freed; retry")
-            if time.monotonic() >= deadline:
-                raise ApiError(507, "evict_timeout", f"evicted slots were still in use by running "
-                               f"requests after {self.evict_timeout_s:g}s; the evicted vectors stay "
-                               "in the catalog; retry later")
-            await asyncio.sleep(POLL_S)
+    def _where(self) -> str:
+        return "" if self.rank == 0 else f" (dp rank {self.rank})"
 
     # Reconcile -----------------------------------------------------------------------------
 
-    async def run(self) -> None:
-        """Reconcile forever; errors are logged and retried on the next period."""
-        while True:
-            async with self.lock:
-                try:
-                    self.reconcile()
-                    self.reconcile_error = None
-                except Exception as e:
-                    if self.reconcile_error is None:
-                        log.exception("reconcile failed; retrying every %gs", RECONCILE_PERIOD_S)
-                    self.reconcile_error = f"{type(e).__name__}: {e}"
-            await asyncio.sleep(RECONCILE_PERIOD_S)
-
     def reconcile(self) -> None:
         """One pass: (re)attach, adopt, retire what the catalog does not want, write what is
-        missing. With the catalog lost, only the last: nothing is adopted or retired.
+        missing. With the catalog lost or unreachable, only the last: nothing is adopted or
+        retired.
 
-        Caller holds :attr:`lock`.
+        Caller holds the collection's lock.
         """
         if self.link.refresh():
             self._problems.clear()
@@ -353,26 +364,36 @@ class SlotManager:
     def _adopt(self, box: ControlMailbox, table: TableSnapshot) -> None:
         adoptions, problems = plan_adoptions(box, table, self.catalog)
         for adoption in adoptions:
-            with self._catalog_write():
-                self.catalog.put(adoption.vector_id, adoption.vector, dtype="float32",
-                                 layers=adoption.layers, pinned=adoption.pinned,
-                                 metadata=self._adoption_note(box, adoption),
-                                 generation=adoption.generation)
-            self.adopted_total += 1
+            note = self._adoption_note(box, adoption)
+            try:
+                with catalog_write():
+                    record = self.catalog.put(adoption.vector_id, adoption.vector,
+                                              dtype="float32", layers=adoption.layers,
+                                              pinned=adoption.pinned, metadata=note,
+                                              generation=adoption.generation)
+            except StaleGeneration as e:
+                log.info("not adopting %s%s: the catalog holds a newer write (%s); this "
+                         "engine's rows are replaced", adoption.vector_id, self._where(), e)
+                continue
             self._unadoptable.pop(adoption.vector_id, None)
+            if record.metadata != note:
+                log.info("%s generation %d%s: already adopted by another writer of the catalog",
+                         adoption.vector_id, adoption.generation, self._where())
+                continue
+            self.adopted_total += 1
             if adoption.replaces is None:
                 why = "the catalog does not know it"
             else:
                 why = (f"the engine holds a later write than the catalog's generation "
                        f"{adoption.replaces}")
-            log.warning("adopted %s generation %d from slots %s of the engine (%s); "
+            log.warning("adopted %s generation %d from slots %s of the engine%s (%s); "
                         "set unknown_vectors=retire (HOTWIRE_UNKNOWN_VECTORS) to retire such "
                         "vectors instead", adoption.vector_id, adoption.generation,
-                        list(adoption.slots), why)
+                        list(adoption.slots), self._where(), why)
         for vector_id, problem in problems.items():
             if self._unadoptable.get(vector_id) != problem:
-                log.warning("left the engine's slots of %s alone: not in the catalog, and cannot "
-                            "be adopted: %s", vector_id, problem)
+                log.warning("left the engine's slots of %s alone%s: not in the catalog, and "
+                            "cannot be adopted: %s", vector_id, self._where(), problem)
             self._unadoptable[vector_id] = problem
 
     def _adoption_note(self, box: ControlMailbox, adoption: Adoption) -> dict[str, object]:
@@ -408,12 +429,12 @@ class SlotManager:
                 self._retire_unknown(box, use, found)
                 continue
             box.retire(use.slot)
-            log.info("retired slot %d (%s, layer %d, generation %d): %s",
-                     use.slot, use.vector_id, use.layer, use.generation, why)
+            log.info("retired slot %d%s (%s, layer %d, generation %d): %s",
+                     use.slot, self._where(), use.vector_id, use.layer, use.generation, why)
 
     def _retire_unknown(self, box: ControlMailbox, use: SlotUse, found: str) -> None:
         """The explicit choice ``unknown_vectors="retire"``; generations stay monotonic."""
-        with self._catalog_write():
+        with catalog_write():
             self.catalog.reserve_generation(use.vector_id, use.generation)
         box.retire(use.slot)
         what = "not in the catalog" if found == "unknown" else "newer than the catalog's record"
@@ -438,19 +459,18 @@ class SlotManager:
             except VectorError as e:
                 self._note_problem(record.id, e.detail)
                 continue
+            except KeyError:  # replaced or deleted by another writer since records() was read
+                log.debug("%s changed in the catalog while being pushed; next pass", record.id)
+                continue
             flags = FLAG_PINNED if record.pinned else 0
             for layer in missing:
                 box.write(free.pop(0), record.id, layer, rows[layer], record.generation, flags)
-            log.info("pushed %s generation %d (%d slot(s))", record.id, record.generation, len(missing))
+            log.info("pushed %s generation %d (%d slot(s))%s", record.id, record.generation,
+                     len(missing), self._where())
 
     def _note_problem(self, vector_id: str, problem: str) -> None:
         if self._problems.get(vector_id) != problem:
-            log.warning("vector %s cannot go on this engine: %s", vector_id, problem)
+            log.warning("vector %s cannot go on this engine%s: %s", vector_id, self._where(),
+                        problem)
         self._problems[vector_id] = problem
 
-
-def _lost_error(lost: str) -> ApiError:
-    return ApiError(503, "catalog_lost", f"{lost}. Writes are refused so that nothing is "
-                    "acknowledged that would not survive a restart; reads answer from memory and "
-                    "the engine keeps its vectors. Put the state directory back and restart the "
-                    "control API.")

@@ -1,4 +1,4 @@
-"""``hotwire slots``: the engine's slot table."""
+"""``hotwire slots``: the engine's slot table; with data parallelism, each rank's in turn."""
 
 from __future__ import annotations
 
@@ -22,6 +22,17 @@ def _slots(client: ControlClient, args: argparse.Namespace) -> None:
     if args.json:
         print(json.dumps(table, indent=2))
         return
+    ranks = table.get("ranks") or [{"dp_rank": 0, **table}]
+    for i, rank in enumerate(ranks):
+        if len(ranks) > 1:
+            print(("\n" if i else "") + f"dp rank {rank['dp_rank']}  {rank['mailbox']}")
+        if rank.get("engine") is None:
+            print(f"detached {rank['problem']}")
+            continue
+        _print_table(rank)
+
+
+def _print_table(table: dict) -> None:
     e = table["engine"]
     sync = "in sync" if e["in_sync"] else "applying"
     print(f"engine   {e['model']} ({e['n_layers']} layers, hidden {e['hidden']}, {e['dtype']}), "

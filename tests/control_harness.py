@@ -158,7 +158,8 @@ class ServerThread:
 
 
 class Rig:
-    """One engine mailbox and one control API over one state directory, each restartable."""
+    """One engine mailbox and one control API over one state directory, each restartable; with
+    :meth:`start_rank`, more data-parallel ranks of the engine (``<mailbox>.dpN``)."""
 
     def __init__(self, tmp_path: Path, **settings: Any):
         defaults = dict(mailbox=tmp_path / "shm" / "engine.mbx", state_dir=tmp_path / "state",
@@ -166,12 +167,19 @@ class Rig:
                         heartbeat_timeout_s=3.0, evict_timeout_s=2.0)
         self.settings = Settings(**{**defaults, **settings})
         self.engine: EnginePump | None = None
+        self.ranks: dict[int, EnginePump] = {}  # DP ranks > 0
         self.server: ServerThread | None = None
         self.http: httpx.Client | None = None
 
     def start_engine(self, **kwargs: Any) -> EnginePump:
         self.engine = EnginePump(self.settings.mailbox, **kwargs)
         return self.engine
+
+    def start_rank(self, rank: int, **kwargs: Any) -> EnginePump:
+        """Data-parallel rank ``rank`` (> 0) of the engine, at ``<mailbox>.dp<rank>``."""
+        path = self.settings.mailbox.with_name(f"{self.settings.mailbox.name}.dp{rank}")
+        self.ranks[rank] = EnginePump(path, **kwargs)
+        return self.ranks[rank]
 
     def start_api(self, **changes: Any) -> httpx.Client:
         """Start the control API, with ``changes`` to the settings from here on (another
@@ -192,8 +200,9 @@ class Rig:
 
     def stop(self) -> None:
         self.stop_api()
-        if self.engine is not None:
-            self.engine.stop()
+        for engine in [self.engine, *self.ranks.values()]:
+            if engine is not None:
+                engine.stop()
 
     def services(self) -> Services:
         """The running control API's services (its real catalog, slot manager, ...)."""

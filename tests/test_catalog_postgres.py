@@ -8,6 +8,7 @@ driven by :class:`EnginePump`, control APIs served over HTTP (in-process uvicorn
 from __future__ import annotations
 
 import itertools
+import json
 import logging
 import threading
 import time
@@ -19,9 +20,11 @@ import psycopg
 import pytest
 from pydantic import SecretStr
 
-from hotwire.control_api.catalog import Catalog
+from hotwire.control_api.catalog import Catalog, StaleGeneration, VectorExists
 from hotwire.control_api.catalog_postgres import PostgresCatalog, ReplicaResidence, Residence
 from hotwire.control_api.catalog_store import CatalogStore
+from hotwire.shared.mailbox import ANY_LAYER, ControlMailbox
+from hotwire.shared.wire import encode_safetensors
 
 from control_harness import FP, TOKEN, EnginePump, Rig, exact_vector, json_body, wait_until
 from pg_cluster import PASSWORD, PgCluster, why_unavailable
@@ -102,11 +105,16 @@ def test_backends_keep_one_contract(open_catalog):
     adopted = cat.put("c", flat, dtype="float32", layers=None, pinned=True, metadata={"x": 1},
                       generation=7)
     assert adopted.generation == 7 and cat.high_water("c") == 7
-    for stale in (7, 4):
-        with pytest.raises(ValueError):
-            cat.put("c", flat, dtype="float32", layers=None, pinned=True, metadata={},
-                    generation=stale)
-    assert cat.get("c") == adopted
+    # Adopting what the catalog holds at that generation is a no-op; an older one is refused.
+    assert cat.put("c", flat, dtype="float32", layers=None, pinned=False, metadata={"y": 2},
+                   generation=7) == adopted
+    with pytest.raises(StaleGeneration):
+        cat.put("c", flat, dtype="float32", layers=None, pinned=True, metadata={}, generation=4)
+    assert cat.get("c") == adopted and cat.high_water("c") == 7
+    # A create (replace=False) of an id with a record is refused and changes nothing.
+    with pytest.raises(VectorExists) as exists:
+        cat.put("c", v, dtype="float32", layers=None, pinned=False, metadata={}, replace=False)
+    assert exists.value.generation == 7 and cat.get("c") == adopted and cat.high_water("c") == 7
     assert cat.put("c", flat, dtype="float32", layers=None, pinned=False,
                    metadata={}).generation == 8
     assert cat.put("c", flat, dtype="float32", layers=None, pinned=False, metadata={},
@@ -204,9 +212,9 @@ def test_residency_reports_are_per_replica(dsn):
 
 # Replicas: control APIs with an engine each, on one PostgreSQL ------------------------------
 
-def _replica(tmp_path: Path, name: str, dsn: str) -> Rig:
-    rig = Rig(tmp_path / name, catalog_dsn=SecretStr(dsn))
-    rig.start_engine(n_slots=32)
+def _replica(tmp_path: Path, name: str, dsn: str, n_slots: int = 32) -> Rig:
+    rig = Rig(tmp_path / name, catalog_dsn=SecretStr(dsn), replica=name)
+    rig.start_engine(n_slots=n_slots)
     rig.start_api()
     return rig
 
@@ -328,9 +336,11 @@ def test_postgres_restart_and_outage_lose_nothing(replicas, pg, caplog):
             wait_until(lambda: _catalog(rig).problem() is not None, 10, "the outage to be seen")
             ready = rig.http.get("/readyz")
             assert ready.status_code == 503 and "unreachable" in ready.json()["reason"]
-        refused = a.push("three", three)
-        assert refused.status_code == 503, refused.text
-        assert refused.json()["error"]["code"] in ("catalog_unavailable", "catalog_lost")
+        for refused in (a.push("three", three), b.http.delete("/steer/vectors/one")):
+            assert refused.status_code == 503, refused.text
+            error = refused.json()["error"]
+            assert error["code"] == "catalog_unavailable"  # not lost: nothing to put back
+            assert "unreachable" in error["message"] and "state directory" not in error["message"]
         assert set(b.catalog()) == {"one", "two"}
         time.sleep(0.5)  # a few reconcile passes: nothing may be retired for want of a catalog
         for rig in (a, b):
@@ -342,6 +352,116 @@ def test_postgres_restart_and_outage_lose_nothing(replicas, pg, caplog):
     assert a.push("three", three).status_code == 201
     wait_until(lambda: _applied(b.engine, "three", 1, three), 5, "three on b")
     assert set(a.catalog()) == set(b.catalog()) == {"one", "two", "three"}
+    # The residency publishers outlived the outage: b's report of three reaches a, fresh.
+    wait_until(lambda: _report(a, "three")["b"]["state"] == "resident", 5, "b's report again")
+    assert not _report(a, "three")["b"]["stale"]
+    assert any("cannot publish the residency report of replica" in r.getMessage()
+               for r in caplog.records)
     assert any("unreachable" in r.getMessage() and r.levelno == logging.WARNING
                for r in caplog.records)
     assert not [r for r in caplog.records if PASSWORD in r.getMessage()]
+
+
+# Residency across replicas, and races between replicas ---------------------------------------
+
+def _report(rig: Rig, vector_id: str) -> dict[str, dict]:
+    """``GET /steer/vectors/{id}``'s ``replicas``, by replica name."""
+    response = rig.http.get(f"/steer/vectors/{vector_id}")
+    assert response.status_code == 200, response.text
+    return {r["replica"]: r for r in response.json()["replicas"]}
+
+
+def _quiet_write(pg: PgCluster, dsn: str, vector_id: str, vector: np.ndarray, generation: int,
+                 metadata: str = "{}") -> None:
+    """Another replica's write whose notification (and catalog-wide seq) has not reached this
+    one yet: the row and its generation, nothing else."""
+    with psycopg.connect(pg.dsn(dsn.rsplit("/", 1)[1]), autocommit=True) as conn:
+        now = time.time()
+        conn.execute("INSERT INTO hotwire_generations (id, last, changed_seq) "
+                     "VALUES (%s, %s, 0) ON CONFLICT (id) DO UPDATE SET last = excluded.last",
+                     (vector_id, generation))
+        conn.execute("INSERT INTO hotwire_vectors (id, generation, dtype, shape, layers, pinned, "
+                     "metadata, data, created_at, updated_at) VALUES (%s, %s, 'float32', %s, "
+                     "NULL, false, %s, %s, %s, %s) ON CONFLICT (id) DO UPDATE SET "
+                     "generation = excluded.generation, data = excluded.data",
+                     (vector_id, generation, json.dumps(list(vector.shape)), metadata,
+                      encode_safetensors(vector), now, now))
+
+
+def test_get_vector_says_on_which_replicas_it_is_resident(tmp_path, dsn):
+    """A vector that fits one replica's engine and not the other's is reported per replica;
+    a replica that stopped publishing keeps its last report, marked stale once it is about an
+    older generation."""
+    a, b = _replica(tmp_path, "a", dsn), _replica(tmp_path, "b", dsn, n_slots=2)
+    try:
+        big, small = exact_vector(FP.n_layers, H, seed=21), exact_vector(H, seed=22)
+        assert a.push("big", big).status_code == 201
+        assert b.push("small", small).status_code == 201
+        wait_until(lambda: set(_report(a, "big")) == {"a", "b"}
+                   and _report(a, "big")["b"]["state"] is not None, 5, "b's report on a")
+        on_a = _report(a, "big")
+        assert on_a["a"] == {"replica": "a", "generation": 1, "state": "resident", "reason": None,
+                             "age_s": 0.0, "stale": False}
+        assert (on_a["b"]["generation"], on_a["b"]["state"], on_a["b"]["stale"]) == (
+            1, "not_resident", False)
+        assert "waiting for free slots" in on_a["b"]["reason"] and on_a["b"]["age_s"] < 3
+        wait_until(lambda: _report(b, "small").get("a", {}).get("state") == "resident", 5,
+                   "a's report of small on b")
+        assert _report(b, "small")["b"]["state"] == "resident"
+
+        b.stop_api()
+        assert a.push("small", exact_vector(H, seed=23), replace=True).status_code == 200
+        on_a = _report(a, "small")
+        assert (on_a["b"]["generation"], on_a["b"]["stale"]) == (1, True)
+        assert (on_a["a"]["generation"], on_a["a"]["stale"]) == (2, False)
+    finally:
+        a.stop()
+        b.stop()
+
+
+def test_a_create_racing_another_replicas_is_409_not_a_silent_replace(replicas, pg, dsn):
+    a, b = replicas
+    theirs, mine = exact_vector(H, seed=31), exact_vector(H, seed=32)
+    _quiet_write(pg, dsn, "same", theirs, 1, metadata='{"by": "a"}')
+    assert _catalog(b).get("same") is None  # b has not heard of it
+    response = b.push("same", mine)
+    assert response.status_code == 409, response.text
+    assert response.json()["error"]["code"] == "exists"
+    assert "generation 1" in response.json()["error"]["message"]
+    np.testing.assert_array_equal(_catalog(b).load("same"), theirs)  # theirs, untouched
+    assert b.push("same", mine, replace=True).status_code in (200, 201)  # asked for: replaced
+
+
+def test_a_push_whose_vector_another_replica_just_replaced_skips_a_pass_quietly(
+        replicas, pg, dsn, caplog):
+    """The reconciler reads bytes of a newer generation than its memory holds: that vector
+    waits for the next pass (no failed pass, no traceback), then goes out under the new one."""
+    a, _ = replicas
+    old, new = exact_vector(H, seed=41), exact_vector(H, seed=42)
+    assert a.push("v", old).status_code == 201
+    _quiet_write(pg, dsn, "v", new, 2)
+    with caplog.at_level(logging.ERROR, logger="hotwire.control_api"):
+        a.engine.restart()  # a new engine: every vector is pushed again, "v" read from disk
+        wait_until(lambda: _applied(a.engine, "v", 2, new), 5, "v at generation 2")
+    assert not [r for r in caplog.records if "reconcile failed" in r.getMessage()]
+    assert a.http.get("/readyz").status_code == 200
+
+
+def test_replicas_adopting_the_same_engine_vector_both_succeed(replicas, pg, dsn, caplog):
+    """Replica a adopted ``ghost`` generation 5 a moment ago; b's engine holds the same write
+    and b has not heard: b's adoption is a no-op, not a failed pass."""
+    _, b = replicas
+    ghost = exact_vector(H, seed=51)
+    _quiet_write(pg, dsn, "ghost", ghost, 5, metadata='{"adopted": {"by": "a"}}')
+    box = ControlMailbox.attach(str(b.settings.mailbox))
+    with caplog.at_level(logging.INFO, logger="hotwire.control_api"):
+        box.write(30, "ghost", ANY_LAYER, ghost, gen=5)
+        box.close()
+        wait_until(lambda: (_catalog(b).get("ghost") or None) is not None, 5, "b knows ghost")
+        time.sleep(0.5)  # a few reconcile passes
+    record = _catalog(b).get("ghost")
+    assert (record.generation, record.metadata) == (5, {"adopted": {"by": "a"}})
+    assert not [r for r in caplog.records if "reconcile failed" in r.getMessage()]
+    assert any("already adopted by another writer" in r.getMessage() for r in caplog.records)
+    assert b.engine.entries("ghost")[ANY_LAYER][:2] == (30, 5)
+    assert b.http.get("/readyz").status_code == 200

@@ -472,20 +472,22 @@ def test_metrics_expose_catalog_slots_engine_counters_and_uploads(rig):
     rig.engine.box.set_counter("steps", 40)
     rig.engine.box.set_counter("host_ns", 2_500_000_000)
     m = _metrics(rig)
+    RANK0 = (("dp_rank", "0"),)  # engine metrics are per data-parallel rank
     assert m[("hotwire_catalog_vectors", ())] == 2
-    assert m[("hotwire_resident_vectors", ())] == 2
-    assert m[("hotwire_slots_used", ())] == FP.n_layers + 1
-    assert m[("hotwire_slots_total", ())] == rig.engine.n_slots
-    assert m[("hotwire_engine_unsteered_requests_total", (("reason", "unknown_id"),))] == 3
-    assert m[("hotwire_engine_unsteered_requests_total", (("reason", "malformed"),))] == 0
-    assert m[("hotwire_engine_steered_requests_total", ())] == 7
-    assert m[("hotwire_engine_steps_total", ())] == 40
-    assert m[("hotwire_engine_host_seconds_total", ())] == 2.5
+    assert m[("hotwire_resident_vectors", RANK0)] == 2
+    assert m[("hotwire_slots_used", RANK0)] == FP.n_layers + 1
+    assert m[("hotwire_slots_total", RANK0)] == rig.engine.n_slots
+    unsteered = "hotwire_engine_unsteered_requests_total"
+    assert m[(unsteered, (*RANK0, ("reason", "unknown_id")))] == 3
+    assert m[(unsteered, (*RANK0, ("reason", "malformed")))] == 0
+    assert m[("hotwire_engine_steered_requests_total", RANK0)] == 7
+    assert m[("hotwire_engine_steps_total", RANK0)] == 40
+    assert m[("hotwire_engine_host_seconds_total", RANK0)] == 2.5
     assert m[("hotwire_uploads_total", (("status", "201"),))] == 2
     assert m[("hotwire_uploads_total", (("status", "409"),))] == 1
-    assert 0 <= m[("hotwire_engine_heartbeat_age_seconds", ())] < 3
+    assert 0 <= m[("hotwire_engine_heartbeat_age_seconds", RANK0)] < 3
     # The engine applies rows on its own clock: the counter must reach every row pushed.
-    rows = ("hotwire_engine_mailbox_rows_applied_total", ())
+    rows = ("hotwire_engine_mailbox_rows_applied_total", RANK0)
     wait_until(lambda: _metrics(rig)[rows] >= FP.n_layers + 1, what="engine rows applied in /metrics")
 
 

@@ -250,7 +250,7 @@ def test_an_empty_catalog_adopts_every_live_vector_as_it_is(rig, tmp_path, caplo
     assert adopted["some_layers"]["layers"] == [1, 3]
     assert _directory(rig) == table  # nothing retired, nothing rewritten
     assert not _messages(caplog, logging.INFO, "retired")
-    assert "hotwire_adopted_vectors_total 3.0" in rig.http.get("/metrics").text
+    assert 'hotwire_adopted_vectors_total{dp_rank="0"} 3.0' in rig.http.get("/metrics").text
 
     # The catalog now holds the rows themselves: a new engine gets exactly them back.
     _restart_engine(rig)

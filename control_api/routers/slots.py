@@ -1,4 +1,10 @@
-"""``/steer/slots``: the engine's slot table as the mailbox shows it, for operators."""
+"""``/steer/slots``: each engine's slot table as its mailbox shows it, for operators.
+
+The top-level fields are rank 0's table (an engine without data parallelism: its only one;
+while rank 0 is detached, the lowest attached rank's, named by ``dp_rank``); ``ranks`` lists
+every data-parallel rank this API feeds, detached ones included, with why. 503 only when no
+rank is attached.
+"""
 
 from __future__ import annotations
 
@@ -11,6 +17,7 @@ from hotwire.shared.mailbox import ANY_LAYER, STATE_NAMES
 
 from ..dependencies import ServicesDep, require_reader
 from ..errors import ApiError, responses
+from ..engines import Engines
 from ..slots import EngineView
 
 router = APIRouter(prefix="/steer/slots", tags=["slots"])
@@ -44,23 +51,54 @@ class SlotInfo(BaseModel):
     acked: bool = Field(description="the engine has applied this entry")
 
 
+class RankTable(BaseModel):
+    dp_rank: int = Field(description="data-parallel rank (0 without DP)")
+    mailbox: str
+    attached: bool
+    problem: str | None = Field(description="why the rank is not usable now, or null")
+    engine: EngineInfo | None = Field(description="null while detached")
+    n_slots: int | None
+    used: int | None
+    slots: list[SlotInfo]
+
+
 class SlotTable(BaseModel):
+    dp_rank: int = Field(description="the rank the top-level fields describe")
     engine: EngineInfo
     n_slots: int
     used: int
     slots: list[SlotInfo]
+    ranks: list[RankTable]
 
 
 @router.get("", response_model=SlotTable, dependencies=[Depends(require_reader)],
             responses=responses(401, 503))
 async def slot_table(svc: ServicesDep) -> SlotTable:
-    view = svc.slots.view()
-    if view is None:
-        raise ApiError(503, "no_engine", f"no engine attached ({svc.slots.link.problem})")
-    return _table(view)
+    ranks = _ranks(svc.slots)
+    shown = next((r for r in ranks if r.engine is not None), None)
+    if shown is None or shown.engine is None:
+        why = "; ".join(r.problem if len(ranks) == 1 else f"dp rank {r.dp_rank}: {r.problem}"
+                        for r in ranks)
+        raise ApiError(503, "no_engine", f"no engine attached ({why})")
+    return SlotTable(dp_rank=shown.dp_rank, engine=shown.engine, n_slots=shown.n_slots or 0,
+                     used=shown.used or 0, slots=shown.slots, ranks=ranks)
 
 
-def _table(view: EngineView) -> SlotTable:
+def _ranks(engines: Engines) -> list[RankTable]:
+    tables = []
+    for manager in engines:
+        view = manager.view()
+        table = None if view is None else _table(view)
+        tables.append(RankTable(
+            dp_rank=manager.rank, mailbox=str(manager.link.path), attached=view is not None,
+            problem=manager.engine_problem(), engine=None if table is None else table[0],
+            n_slots=None if view is None else view.table.n_slots,
+            used=None if view is None else view.table.used,
+            slots=[] if table is None else table[1]))
+    return tables
+
+
+def _table(view: EngineView) -> tuple[EngineInfo, list[SlotInfo]]:
     fp = view.fingerprint
     engine = EngineInfo(model=fp.model, n_layers=fp.n_layers, hidden=fp.hidden, dtype=fp.dtype,
                         epoch=f"{view.epoch:x}", pid=view.pid, heartbeat_age_s=view.heartbeat_age_s,
@@ -75,4 +113,4 @@ def _table(view: EngineView) -> SlotTable:
                       if u.last_used_ns else None,
                       pinned=u.pinned, startup=u.startup, acked=u.acked)
              for u in view.table.uses]
-    return SlotTable(engine=engine, n_slots=view.table.n_slots, used=view.table.used, slots=slots)
+    return engine, slots

@@ -13,8 +13,9 @@ from hotwire.shared.spec import ID_PATTERN
 
 from ..catalog import VectorRecord
 from ..dependencies import ServicesDep, require_reader, require_writer
+from ..engines import Engines
 from ..errors import ApiError, responses
-from ..slots import EngineView, ResidencyState, SlotManager
+from ..slots import EngineView, Residency, ResidencyState
 from ..uploads import OPENAPI_BODY, read_upload
 
 PATH = "/steer/vectors"
@@ -29,6 +30,26 @@ class SlotRef(BaseModel):
     layer: int | None = Field(description="null: serves every layer")
 
 
+class RankInfo(BaseModel):
+    dp_rank: int = Field(description="data-parallel rank of the engine (0 without DP)")
+    resident: bool
+    state: ResidencyState
+    reason: str | None
+    slots: list[SlotRef]
+
+
+class ReplicaInfo(BaseModel):
+    replica: str
+    generation: int | None = Field(description="the catalog generation the report is about")
+    state: ResidencyState | None = Field(description="null: the replica's report does not "
+                                         "mention the vector")
+    reason: str | None
+    age_s: float = Field(description="since the replica last reported; 0 for this replica "
+                         "(read live)")
+    stale: bool = Field(description="older than a few seconds, or not about the current "
+                        "generation")
+
+
 class VectorInfo(BaseModel):
     id: str
     generation: int = Field(description="grows on every replace; salts the engine's prefix cache")
@@ -39,26 +60,41 @@ class VectorInfo(BaseModel):
     metadata: dict[str, Any]
     created_at: datetime
     updated_at: datetime
-    resident: bool = Field(description="every row is in the engine's slot table")
-    state: ResidencyState
-    reason: str | None = Field(description="why it is not resident")
-    slots: list[SlotRef]
+    resident: bool = Field(description="every row is in the slot table of every engine (DP "
+                           "rank) of this replica")
+    state: ResidencyState = Field(description="resident, or the state of the first rank that "
+                                  "lacks it")
+    reason: str | None = Field(description="why it is not resident (per rank, with DP)")
+    slots: list[SlotRef] = Field(description="rank 0's slots")
+    ranks: list[RankInfo] = Field(description="residency on each DP rank of this replica")
+    replicas: list[ReplicaInfo] | None = Field(
+        None, description="GET /steer/vectors/{id} only: every replica's report (with SQLite: "
+        "this replica alone)")
 
 
 class VectorList(BaseModel):
     vectors: list[VectorInfo]
 
 
-def vector_info(record: VectorRecord, slots: SlotManager, view: EngineView | None) -> VectorInfo:
-    where = slots.residency(record, view)
+def _slot_refs(where: Residency) -> list[SlotRef]:
+    return [SlotRef(slot=s, layer=None if layer == ANY_LAYER else layer) for s, layer in where.slots]
+
+
+def vector_info(record: VectorRecord, engines: Engines,
+                views: dict[int, EngineView | None]) -> VectorInfo:
+    where = engines.residency(record, views)
+    overall = where.overall
     return VectorInfo(
         id=record.id, generation=record.generation, dtype=record.dtype, shape=list(record.shape),
         layers=None if record.layers is None else list(record.layers), pinned=record.pinned,
         metadata=record.metadata,
         created_at=datetime.fromtimestamp(record.created_at, timezone.utc),
         updated_at=datetime.fromtimestamp(record.updated_at, timezone.utc),
-        resident=where.resident, state=where.state, reason=where.reason,
-        slots=[SlotRef(slot=s, layer=None if layer == ANY_LAYER else layer) for s, layer in where.slots])
+        resident=overall.resident, state=overall.state, reason=overall.reason,
+        slots=_slot_refs(overall),
+        ranks=[RankInfo(dp_rank=r.rank, resident=r.residency.resident, state=r.residency.state,
+                        reason=r.residency.reason, slots=_slot_refs(r.residency))
+               for r in where.ranks])
 
 
 @router.post("", status_code=201, response_model=VectorInfo, openapi_extra=OPENAPI_BODY,
@@ -78,15 +114,15 @@ async def register_vector(request: Request, response: Response, svc: ServicesDep
     record, created = await svc.slots.register(upload)
     if not created:
         response.status_code = 200
-    return vector_info(record, svc.slots, svc.slots.view())
+    return vector_info(record, svc.slots, svc.slots.views())
 
 
 @router.get("", response_model=VectorList, dependencies=[Depends(require_reader)],
             responses=responses(401))
 async def list_vectors(svc: ServicesDep) -> VectorList:
-    view = svc.slots.view()
+    views = svc.slots.views()
     records = sorted(svc.catalog.records().values(), key=lambda r: r.id)
-    return VectorList(vectors=[vector_info(r, svc.slots, view) for r in records])
+    return VectorList(vectors=[vector_info(r, svc.slots, views) for r in records])
 
 
 @router.get("/{vector_id}", response_model=VectorInfo, dependencies=[Depends(require_reader)],
@@ -95,7 +131,10 @@ async def get_vector(vector_id: VectorId, svc: ServicesDep) -> VectorInfo:
     record = svc.catalog.get(vector_id)
     if record is None:
         raise ApiError(404, "not_found", f"no vector {vector_id!r}")
-    return vector_info(record, svc.slots, svc.slots.view())
+    info = vector_info(record, svc.slots, svc.slots.views())
+    reports = await svc.replicas.of(record, info.state, info.reason)
+    info.replicas = [ReplicaInfo(**vars(r)) for r in reports]
+    return info
 
 
 @router.delete("/{vector_id}", status_code=204, response_class=Response,
