@@ -53,11 +53,17 @@ def armed_layers(worker: Any) -> list[int]:
 
 
 def mailbox_path(cfg: HotwireConfig, vllm_config: Any) -> str | None:
-    """This engine's mailbox: one per engine core, so data-parallel rank N has ``<path>.dpN``."""
+    """This engine's mailbox: one per engine core, so data-parallel rank N has ``<path>.dpN``.
+
+    vLLM runs the DP ranks of a dense model as independent engines (each with
+    ``data_parallel_size`` 1); ``data_parallel_index`` still says which rank it is.
+    """
     if cfg.mailbox is None:
         return None
     par = vllm_config.parallel_config
-    dp_rank = getattr(par, "data_parallel_rank", 0) if getattr(par, "data_parallel_size", 1) > 1 else 0
+    dp_rank = getattr(par, "data_parallel_index", None)
+    if dp_rank is None:
+        dp_rank = par.data_parallel_rank if getattr(par, "data_parallel_size", 1) > 1 else 0
     return cfg.mailbox if dp_rank == 0 else f"{cfg.mailbox}.dp{dp_rank}"
 
 
