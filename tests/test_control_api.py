@@ -277,7 +277,7 @@ def test_replace_writes_fresh_slots_and_never_touches_held_ones(rig):
         np.testing.assert_array_equal(entries[layer][2], new[layer])
         # The held slots are retired, their rows as the running request left them.
         assert rig.engine.box.directory["state"][held[layer]] == RETIRING
-        np.testing.assert_array_equal(rig.engine.box.rows[held[layer]], old[layer])
+        np.testing.assert_array_equal(rig.engine.box.row(held[layer]), old[layer])
 
     rig.engine.release(held)
     wait_until(lambda: all(rig.engine.box.engine["applied_seq"][s] == rig.engine.box.directory["seq"][s]
@@ -300,7 +300,7 @@ def test_replace_in_a_full_table_reuses_own_slots_only_after_the_engine_acks(rig
     time.sleep(0.3)
     assert upload.is_alive(), "reused slots before the engine acknowledged"
     for layer, slot in enumerate(own):
-        np.testing.assert_array_equal(rig.engine.box.rows[slot], old[layer])
+        np.testing.assert_array_equal(rig.engine.box.row(slot), old[layer])
 
     rig.engine.paused.clear()
     upload.join(5)
@@ -418,7 +418,7 @@ def test_readyz_fails_on_a_stale_heartbeat(rig):
     assert rig.http.get("/readyz").status_code == 200
     assert rig.http.get("/healthz").json() == {"status": "ok"}
     rig.engine.paused.set()
-    rig.engine.box.header["heartbeat_ns"] = time.time_ns() - 60 * 10**9
+    rig.engine.box.beat(at_ns=time.time_ns() - 60 * 10**9)
     r = rig.http.get("/readyz")
     assert r.status_code == 503 and "heartbeat" in r.json()["reason"]
     assert rig.http.get("/healthz").status_code == 200
@@ -471,6 +471,7 @@ def test_metrics_expose_catalog_slots_engine_counters_and_uploads(rig):
     rig.engine.box.add_counter("steered_requests", 7)
     rig.engine.box.set_counter("steps", 40)
     rig.engine.box.set_counter("host_ns", 2_500_000_000)
+    rig.engine.box.flush_counters()  # as the engine's step or heartbeat does
     m = _metrics(rig)
     RANK0 = (("dp_rank", "0"),)  # engine metrics are per data-parallel rank
     assert m[("hotwire_catalog_vectors", ())] == 2
@@ -519,7 +520,7 @@ def test_startup_vectors_are_listed_and_left_alone(rig):
     assert rig.http.delete("/steer/vectors/boot").json()["error"]["code"] == "startup_vector"
     time.sleep(0.3)  # a reconcile pass or two
     assert rig.engine.box.directory["state"][7] == ACTIVE
-    np.testing.assert_array_equal(rig.engine.box.rows[7], row)
+    np.testing.assert_array_equal(rig.engine.box.row(7), row)
 
 
 def test_openapi_documents_both_upload_encodings(rig):
