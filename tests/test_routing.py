@@ -161,28 +161,54 @@ def test_torn_entry_is_skipped_until_the_write_completes(rig):
     assert rig.registry.resolve("v", 1) == 1 and control.in_sync()
 
 
+def _churn(rig: Rig, step: int, rng: np.random.Generator) -> Step:
+    """One step of mailbox changes (writes, replaces, retirements) and request traffic."""
+    slot = step % SLOTS
+    if step % 3 == 2:
+        rig.control.retire(slot)
+    else:
+        rig.control.write(slot, f"v{step % 4}", ANY_LAYER, rng.standard_normal(H).astype(np.float32), gen=step + 1)
+    return Step([new_req(f"r{step}", _spec({"id": f"v{step % 4}", "layer": 1}))],
+                {f"r{step - 2}"} if step >= 2 else set())
+
+
+def _same(a, b) -> bool:
+    ra, rb = a.router, b.router
+    return (ra.admission.registry.bound() == rb.admission.registry.bound() and ra.active == rb.active
+            and torch.equal(a.tables.bank, b.tables.bank) and torch.equal(a.tables.route, b.tables.route))
+
+
 def test_every_rank_changes_at_the_same_step(tmp_path):
     """Invariant 9: two ranks fed the same steps hold the same bindings, rows and routes after
     every step, while the mailbox changes between and during them."""
-    rig = Rig(tmp_path)
-    other = make_rank("cpu")
-    rng = np.random.default_rng(0)
+    rig, other, rng = Rig(tmp_path), make_rank("cpu"), np.random.default_rng(0)
     for step in range(12):
-        slot = step % SLOTS
-        if step % 3 == 2:
-            rig.control.retire(slot)
-        else:
-            rig.control.write(slot, f"v{step % 4}", ANY_LAYER, rng.standard_normal(H).astype(np.float32), gen=step + 1)
-        out = Step([new_req(f"r{step}", _spec({"id": f"v{step % 4}", "layer": 1}))],
-                   {f"r{step - 2}"} if step >= 2 else set())
+        out = _churn(rig, step, rng)
         rig.core.on_schedule(out)
         for rank in (rig.rank, other):
             rank.on_schedule(out)
             rank.router.commit()
-        assert rig.rank.router.admission.registry.bound() == other.router.admission.registry.bound()
-        assert rig.rank.router.active == other.router.active
-        assert torch.equal(rig.tables.bank, other.tables.bank) and torch.equal(rig.tables.route, other.tables.route)
+        assert _same(rig.rank, other), step
         assert rig.core.registry.inflight.tolist() == rig.registry.inflight.tolist()
+
+
+def test_a_rank_a_step_late_is_caught(tmp_path):
+    """The check above can fail: with the ordering broken on purpose (one rank applies each
+    step's change a step late, as a rank reading the mailbox on its own clock could), the ranks
+    disagree after some step."""
+    rig, late, rng = Rig(tmp_path), make_rank("cpu"), np.random.default_rng(0)
+    held, agreed = None, []
+    for step in range(12):
+        out = _churn(rig, step, rng)
+        rig.core.on_schedule(out)
+        rig.rank.on_schedule(out)
+        skewed = Step(out.scheduled_new_reqs, out.finished_req_ids)
+        skewed.hotwire, held = held, out.hotwire
+        late.on_schedule(skewed)
+        for rank in (rig.rank, late):
+            rank.router.commit()
+        agreed.append(_same(rig.rank, late))
+    assert not all(agreed)
 
 
 def test_ranks_of_a_pipeline_write_the_entries_of_their_own_layers(tmp_path):
