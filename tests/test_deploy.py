@@ -179,11 +179,16 @@ def _pyproject() -> dict:
     return tomllib.loads((ROOT / "pyproject.toml").read_text())
 
 
-def _installs_repo(steps: list[tuple[str, str]], no_deps: bool) -> None:
+def _installs_repo(steps: list[tuple[str, str]], no_deps: bool,
+                   extras: frozenset[str] = frozenset()) -> None:
     [copy] = [args.split() for op, args in steps if op == "COPY"]
     assert copy[0] == ".", "the whole repository is the package source"
-    [install] = [shlex.split(args) for op, args in steps if op == "RUN" and "pip install" in args]
-    assert copy[1] in install, "pip installs what was copied"
+    [install] = [shlex.split(args.split("&&")[0]) for op, args in steps
+                 if op == "RUN" and "pip install" in args]
+    [target] = [word for word in install if word.split("[")[0] == copy[1]]
+    assert target == copy[1] + (f"[{','.join(sorted(extras))}]" if extras else ""), \
+        "pip installs what was copied, with these extras"
+    assert extras <= _pyproject()["project"]["optional-dependencies"].keys()
     assert ("--no-deps" in install) == no_deps
 
 
@@ -200,7 +205,7 @@ def test_vllm_image_adds_hotwire_to_the_pinned_vllm_image():
 def test_control_api_image_runs_the_console_script():
     steps = _dockerfile("deploy/Dockerfile.control-api")
     assert steps[0] == ("FROM", "python:3.11-slim")
-    _installs_repo(steps, no_deps=False)
+    _installs_repo(steps, no_deps=False, extras={"postgres"})  # one image for SQLite and replicas
     assert ("ENTRYPOINT", '["hotwire"]') in steps and ("CMD", '["control-api"]') in steps
     assert _pyproject()["project"]["scripts"]["hotwire"] == "hotwire.control_api.cli:main"
     env = _dockerfile_env(steps)
