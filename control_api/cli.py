@@ -11,6 +11,24 @@ from __future__ import annotations
 import argparse
 import importlib
 import sys
+from importlib.metadata import PackageNotFoundError, version
+
+# Exit statuses of every client command (vectors, slots); 2 is also argparse's usage error.
+EXIT_OK = 0
+EXIT_ERROR = 1  # any other failure: 404, 5xx (no engine, no space, ...), a transport error
+EXIT_USAGE = 2  # bad arguments
+EXIT_UNREACHABLE = 3  # cannot connect to the control API
+EXIT_UNAUTHORIZED = 4  # HTTP 401/403: missing or wrong token
+EXIT_CONFLICT = 5  # HTTP 409: the id exists (use --replace) or belongs to the engine
+EXIT_INVALID = 6  # HTTP 400/413/415/422: the request or the vector was refused as invalid
+EXIT_FILE = 7  # a local file is missing, unreadable or not the format it claims
+
+EXIT_CODES = {EXIT_OK: "success", EXIT_ERROR: "other error (server message on stderr)",
+              EXIT_USAGE: "bad arguments", EXIT_UNREACHABLE: "cannot connect to the control API",
+              EXIT_UNAUTHORIZED: "unauthorized (HTTP 401): missing or wrong --token",
+              EXIT_CONFLICT: "conflict (HTTP 409): the id exists; use --replace",
+              EXIT_INVALID: "invalid (HTTP 400/413/415/422): vector or request refused",
+              EXIT_FILE: "a local file is missing, unreadable or malformed"}
 
 COMMANDS: dict[str, tuple[str, str]] = {
     "control-api": ("hotwire.control_api.serve", "run the control API server"),
@@ -21,9 +39,24 @@ COMMANDS: dict[str, tuple[str, str]] = {
 }
 
 
+def package_version() -> str:
+    try:
+        return version("hotwire")
+    except PackageNotFoundError:
+        return "unknown (not installed)"
+
+
+def exit_codes_epilog() -> str:
+    return "exit statuses of the client commands (vectors, slots):\n" + "\n".join(
+        f"  {code}  {meaning}" for code, meaning in EXIT_CODES.items())
+
+
 def build_parser(argv: list[str]) -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="hotwire", description="Per-request activation steering "
-                                     "for vLLM: control API and tools.")
+                                     "for vLLM: control API and tools.", epilog=exit_codes_epilog(),
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--version", action="version", version=f"hotwire {package_version()}",
+                        help="print the package version and exit")
     commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     chosen = next((arg for arg in argv if not arg.startswith("-")), None)
     for name, (module, summary) in COMMANDS.items():

@@ -15,15 +15,31 @@ from typing import Any
 import httpx
 import numpy as np
 
+from .cli import (EXIT_CONFLICT, EXIT_ERROR, EXIT_FILE, EXIT_INVALID, EXIT_OK, EXIT_UNAUTHORIZED,
+                  EXIT_UNREACHABLE, EXIT_USAGE)
+
 DEFAULT_URL = "http://127.0.0.1:8001"
 
 
+_LOCAL_EXITS = {"unreachable": EXIT_UNREACHABLE, "file_error": EXIT_FILE, "bad_usage": EXIT_USAGE}
+_HTTP_EXITS = {401: EXIT_UNAUTHORIZED, 403: EXIT_UNAUTHORIZED, 409: EXIT_CONFLICT,
+               400: EXIT_INVALID, 413: EXIT_INVALID, 415: EXIT_INVALID, 422: EXIT_INVALID}
+
+
 class ControlApiError(Exception):
-    """A failed call: the server's error code and message, or ``unreachable``."""
+    """A failed call: the server's error code and message (``status`` 0 when local:
+    ``unreachable``, ``transport_error``, ``file_error``, ``bad_usage``)."""
 
     def __init__(self, status: int, code: str, message: str):
         super().__init__(f"{code}: {message}" + (f" (HTTP {status})" if status else ""))
         self.status, self.code, self.message = status, code, message
+
+    @property
+    def exit_code(self) -> int:
+        """The CLI's exit status for this failure (constants in :mod:`hotwire.control_api.cli`)."""
+        if self.status == 0:
+            return _LOCAL_EXITS.get(self.code, EXIT_ERROR)
+        return _HTTP_EXITS.get(self.status, EXIT_ERROR)
 
 
 class ControlClient:
@@ -40,7 +56,12 @@ class ControlClient:
         if suffix == ".npy":
             if key is not None:
                 raise ControlApiError(0, "bad_usage", "--key applies to .safetensors files")
-            array = np.load(path, allow_pickle=False)
+            try:
+                array = np.load(path, allow_pickle=False)
+            except OSError as e:
+                raise _file_error(path, e) from None
+            except ValueError as e:
+                raise ControlApiError(0, "file_error", f"{path}: not a .npy array ({e})") from None
             return self.push_array(vector_id, array, layers=layers, pin=pin, replace=replace,
                                    metadata=metadata)
         if suffix != ".safetensors":
@@ -52,7 +73,11 @@ class ControlClient:
             form["key"] = key
         if metadata is not None:
             form["metadata"] = json.dumps(metadata)
-        files = {"file": (path.name, path.read_bytes(), "application/octet-stream")}
+        try:
+            content = path.read_bytes()
+        except OSError as e:
+            raise _file_error(path, e) from None
+        files = {"file": (path.name, content, "application/octet-stream")}
         return self._call("POST", "/steer/vectors", data=form, files=files).json()
 
     def push_array(self, vector_id: str, array: np.ndarray, *, layers: Sequence[int] | None = None,
@@ -81,9 +106,14 @@ class ControlClient:
     def _call(self, method: str, path: str, **kwargs: Any) -> httpx.Response:
         try:
             response = self._http.request(method, path, **kwargs)
-        except httpx.TransportError as e:
+        except (httpx.ConnectError, httpx.ConnectTimeout) as e:
             raise ControlApiError(0, "unreachable", f"cannot reach the control API at "
                                   f"{self.url}: {e}") from None
+        except (httpx.InvalidURL, httpx.UnsupportedProtocol) as e:
+            raise ControlApiError(0, "bad_usage", f"--url {self.url!r}: {e}") from None
+        except httpx.TransportError as e:
+            raise ControlApiError(0, "transport_error", f"{method} {self.url}{path} failed after "
+                                  f"connecting: {e!r}") from None
         if response.is_success:
             return response
         try:
@@ -97,16 +127,22 @@ class ControlClient:
         self._http.close()
 
 
+def _file_error(path: Path, error: OSError) -> ControlApiError:
+    return ControlApiError(0, "file_error", f"{path}: {error.strerror or error}")
+
+
 def add_client_options(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--url", default=os.environ.get("HOTWIRE_URL", DEFAULT_URL),
                         help=f"control API base URL ($HOTWIRE_URL, default {DEFAULT_URL})")
     parser.add_argument("--token", default=os.environ.get("HOTWIRE_TOKEN"),
-                        help="bearer token for writes ($HOTWIRE_TOKEN)")
+                        help="bearer token for writes, and for reads where the server sets a "
+                             "read token ($HOTWIRE_TOKEN)")
 
 
 def client_command(fn: Callable[[ControlClient, argparse.Namespace], None]
                    ) -> Callable[[argparse.Namespace], int]:
-    """Make ``fn(client, args)`` a CLI ``run``: exit 0, or 1 with the server's error on stderr."""
+    """Make ``fn(client, args)`` a CLI ``run``: exit 0, or the failure's exit code with the
+    error on stderr."""
 
     @functools.wraps(fn)
     def run(args: argparse.Namespace) -> int:
@@ -115,9 +151,9 @@ def client_command(fn: Callable[[ControlClient, argparse.Namespace], None]
             fn(client, args)
         except ControlApiError as e:
             print(f"hotwire: {e}", file=sys.stderr)
-            return 1
+            return e.exit_code
         finally:
             client.close()
-        return 0
+        return EXIT_OK
 
     return run

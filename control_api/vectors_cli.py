@@ -9,7 +9,7 @@ from typing import Any
 
 from hotwire.shared.spec import layer_ranges
 
-from .client import ControlClient, add_client_options, client_command
+from .client import ControlApiError, ControlClient, add_client_options, client_command
 from .tables import format_table
 
 
@@ -22,10 +22,14 @@ def configure(parser: argparse.ArgumentParser) -> None:
     push.add_argument("--layers", type=parse_layers,
                       help="layers to materialise a [n_layers, hidden] vector on, e.g. 10-20,24 "
                            "(default: every armed layer)")
-    push.add_argument("--pin", action="store_true", help="never evict this vector")
-    push.add_argument("--replace", action="store_true", help="replace an existing vector")
+    push.add_argument("--pin", action=argparse.BooleanOptionalAction, default=None,
+                      help="--pin: never evict this vector; --no-pin: evictable (default for a "
+                           "new vector; with --replace, the vector keeps its current pin)")
+    push.add_argument("--replace", action="store_true",
+                      help="replace an existing vector (its pin is kept unless --pin/--no-pin)")
     push.add_argument("--key", help="tensor name, when the safetensors file holds several")
-    push.add_argument("--metadata", type=json.loads, help="JSON object stored with the vector")
+    push.add_argument("--metadata", type=parse_metadata,
+                      help='JSON object stored with the vector, e.g. \'{"note": "v2"}\'')
     push.set_defaults(run=_push)
 
     listing = actions.add_parser("list", help="list registered vectors")
@@ -33,7 +37,7 @@ def configure(parser: argparse.ArgumentParser) -> None:
     listing.set_defaults(run=_list)
 
     remove = actions.add_parser("rm", help="delete a vector (retires its slots)")
-    remove.add_argument("id")
+    remove.add_argument("id", help="vector id")
     remove.set_defaults(run=_remove)
 
     for sub in (push, listing, remove):
@@ -48,6 +52,33 @@ def parse_layers(text: str) -> list[int]:
         raise argparse.ArgumentTypeError(f"{text!r}: expected layers like 10-20,24") from None
 
 
+def parse_metadata(text: str) -> dict[str, Any]:
+    """``--metadata``: a JSON object."""
+    try:
+        value = json.loads(text)
+    except ValueError as e:
+        raise argparse.ArgumentTypeError(f"not JSON: {e}") from None
+    if not isinstance(value, dict):
+        raise argparse.ArgumentTypeError("expected a JSON object, e.g. '{\"note\": \"v2\"}'")
+    return value
+
+
+def push_pin(client: ControlClient, args: argparse.Namespace) -> bool:
+    """The pin to send: as given, else the current record's on ``--replace`` (``False`` for an
+    id that does not exist yet). The read and the replace are two calls; a pin changed by
+    someone else in between is overwritten."""
+    if args.pin is not None:
+        return args.pin
+    if not args.replace:
+        return False
+    try:
+        return bool(client.vector(args.id)["pinned"])
+    except ControlApiError as e:
+        if e.status == 404:
+            return False
+        raise
+
+
 def describe(info: dict[str, Any]) -> str:
     slots = ", ".join(str(s["slot"]) for s in info["slots"]) or "none"
     where = f"resident in slot(s) {slots}" if info["resident"] else \
@@ -57,7 +88,7 @@ def describe(info: dict[str, Any]) -> str:
 
 @client_command
 def _push(client: ControlClient, args: argparse.Namespace) -> None:
-    info = client.push_file(args.id, args.file, layers=args.layers, pin=args.pin,
+    info = client.push_file(args.id, args.file, layers=args.layers, pin=push_pin(client, args),
                             replace=args.replace, key=args.key, metadata=args.metadata)
     print("pushed " + describe(info))
 

@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import argparse
 import os
 import subprocess
 import sys
+from importlib.metadata import version
 from pathlib import Path
 
 import httpx
@@ -12,7 +14,10 @@ import numpy as np
 import pytest
 from safetensors.numpy import save_file
 
-from hotwire.control_api.cli import main
+from hotwire.control_api.cli import (EXIT_CODES, EXIT_CONFLICT, EXIT_ERROR, EXIT_FILE,
+                                     EXIT_INVALID, EXIT_OK, EXIT_UNAUTHORIZED, EXIT_UNREACHABLE,
+                                     EXIT_USAGE, build_parser, main)
+from hotwire.control_api.client import ControlClient
 from hotwire.shared.mailbox import ANY_LAYER
 
 from control_harness import FP, TOKEN, EnginePump, exact_vector, free_port, wait_until
@@ -97,21 +102,124 @@ def test_push_list_slots_rm(served, capsys):
     assert engine.entries("cli_flat") == {}
 
 
-def test_failures_exit_non_zero_with_the_server_message(served, capsys):
-    url, _, tmp = served
-    np.save(tmp / "bad.npy", np.full(FP.hidden + 1, 0.5, dtype=np.float32))
-    status, _, err = cli(capsys, url, "vectors", "push", "bad", str(tmp / "bad.npy"))
-    assert status == 1 and "bad_shape" in err and "does not match the model" in err
-
-    np.save(tmp / "ok.npy", exact_vector(FP.hidden))
-    status, _, err = cli(capsys, url, "vectors", "push", "denied", str(tmp / "ok.npy"), token=None)
-    assert status == 1 and "unauthorized" in err
-
+def test_not_found_exits_with_the_other_error_code(served, capsys):
+    url, _, _ = served
     status, _, err = cli(capsys, url, "vectors", "rm", "never_was")
-    assert status == 1 and "not_found" in err
+    assert status == EXIT_ERROR and "not_found" in err
 
+
+def test_unreachable_exit_code(served, capsys):
     status, _, err = cli(capsys, f"http://127.0.0.1:{free_port()}", "vectors", "list")
-    assert status == 1 and "cannot reach the control API" in err
+    assert status == EXIT_UNREACHABLE and "cannot reach the control API" in err
+
+
+def test_unauthorized_exit_code(served, capsys):
+    url, _, tmp = served
+    np.save(tmp / "ok.npy", exact_vector(H))
+    status, _, err = cli(capsys, url, "vectors", "push", "denied", str(tmp / "ok.npy"),
+                         token="wrong-token")
+    assert status == EXIT_UNAUTHORIZED and "unauthorized" in err
+    status, _, err = cli(capsys, url, "vectors", "push", "denied", str(tmp / "ok.npy"), token=None)
+    assert status == EXIT_UNAUTHORIZED and "unauthorized" in err
+
+
+def test_conflict_exit_code(served, capsys):
+    url, _, tmp = served
+    np.save(tmp / "twice.npy", exact_vector(H, seed=3))
+    assert cli(capsys, url, "vectors", "push", "twice", str(tmp / "twice.npy"))[0] == EXIT_OK
+    status, _, err = cli(capsys, url, "vectors", "push", "twice", str(tmp / "twice.npy"))
+    assert status == EXIT_CONFLICT and "exists" in err
+    assert cli(capsys, url, "vectors", "rm", "twice")[0] == EXIT_OK
+
+
+def test_invalid_exit_code(served, capsys):
+    url, _, tmp = served
+    np.save(tmp / "bad.npy", np.full(H + 1, 0.5, dtype=np.float32))
+    status, _, err = cli(capsys, url, "vectors", "push", "bad", str(tmp / "bad.npy"))
+    assert status == EXIT_INVALID and "bad_shape" in err and "does not match the model" in err
+
+
+@pytest.mark.parametrize("name", ["missing.npy", "missing.safetensors", "a_dir.npy", "junk.npy"])
+def test_missing_or_unreadable_file_exits_without_a_traceback(served, name):
+    url, _, tmp = served
+    (tmp / "a_dir.npy").mkdir(exist_ok=True)
+    (tmp / "junk.npy").write_bytes(b"not an array")
+    done = subprocess.run([HOTWIRE, "vectors", "push", "v", str(tmp / name), "--url", url,
+                           "--token", TOKEN], capture_output=True, text=True, timeout=60,
+                          check=False)
+    assert done.returncode == EXIT_FILE, done.stderr
+    assert "Traceback" not in done.stderr
+    assert done.stderr.startswith(f"hotwire: file_error: {tmp / name}: ")
+
+
+def test_bad_arguments_exit_with_usage(served, capsys):
+    url, _, tmp = served
+    np.save(tmp / "ok.npy", exact_vector(H))
+    with pytest.raises(SystemExit) as exited:
+        cli(capsys, url, "vectors", "push", "m", str(tmp / "ok.npy"), "--metadata", "[1]")
+    assert exited.value.code == EXIT_USAGE
+    assert "expected a JSON object" in capsys.readouterr().err
+    status, _, err = cli(capsys, url, "vectors", "push", "m", str(tmp / "ok.npy"), "--key", "k")
+    assert status == EXIT_USAGE and "--key applies to .safetensors" in err
+
+
+def test_replace_keeps_the_pin_unless_told(served, capsys):
+    url, _, tmp = served
+    np.save(tmp / "v1.npy", exact_vector(H, seed=4))
+    np.save(tmp / "v2.npy", exact_vector(H, seed=5))
+
+    def pinned() -> bool:
+        client = ControlClient(url, TOKEN)
+        try:
+            return client.vector("pinme")["pinned"]
+        finally:
+            client.close()
+
+    def push(*extra: str) -> None:
+        status, _, err = cli(capsys, url, "vectors", "push", "pinme", str(tmp / "v2.npy"), *extra)
+        assert status == EXIT_OK, err
+
+    assert cli(capsys, url, "vectors", "push", "pinme", str(tmp / "v1.npy"), "--pin")[0] == EXIT_OK
+    push("--replace")
+    assert pinned() is True
+    push("--replace", "--no-pin")
+    assert pinned() is False
+    push("--replace")
+    assert pinned() is False
+    push("--replace", "--pin")
+    assert pinned() is True
+    assert cli(capsys, url, "vectors", "rm", "pinme")[0] == EXIT_OK
+    push("--replace")
+    assert pinned() is False
+    assert cli(capsys, url, "vectors", "rm", "pinme")[0] == EXIT_OK
+
+
+def test_version_and_exit_codes_in_help(capsys):
+    with pytest.raises(SystemExit) as exited:
+        main(["--version"])
+    assert exited.value.code == 0
+    assert capsys.readouterr().out.strip() == f"hotwire {version('hotwire')}"
+    with pytest.raises(SystemExit):
+        main(["--help"])
+    out = capsys.readouterr().out
+    for code, meaning in EXIT_CODES.items():
+        assert f"  {code}  {meaning}" in out
+    assert len(set(EXIT_CODES)) == len(EXIT_CODES) == 8
+
+
+@pytest.mark.parametrize("command", ["vectors", "slots"])
+def test_every_client_option_has_help(command):
+    def undocumented(parser: argparse.ArgumentParser, path: str) -> list[str]:
+        missing = []
+        for action in parser._actions:
+            if isinstance(action, argparse._SubParsersAction):
+                for name, sub in action.choices.items():
+                    missing += undocumented(sub, f"{path} {name}")
+            elif not action.help:
+                missing.append(f"{path}: {'/'.join(action.option_strings) or action.dest}")
+        return missing
+
+    assert undocumented(build_parser([command]), "hotwire") == []
 
 
 def test_console_script_runs_client_commands(served):
