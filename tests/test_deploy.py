@@ -23,7 +23,6 @@ from hotwire.control_api.settings import Settings
 
 ROOT = Path(__file__).resolve().parents[1]
 COMPOSE = yaml.safe_load((ROOT / "docker-compose.yml").read_text())
-K8S = list(yaml.safe_load_all((ROOT / "deploy/k8s/hotwire.yaml").read_text()))
 VLLM_PORT_DEFAULT = 8000
 
 
@@ -227,16 +226,37 @@ def test_build_context_holds_the_package_and_not_the_venv(dockerfile):
 
 # Kubernetes --------------------------------------------------------------------------------
 
-[DEPLOYMENT] = [d for d in K8S if d["kind"] == "Deployment"]
-[SERVICE] = [d for d in K8S if d["kind"] == "Service"]
-[PVC] = [d for d in K8S if d["kind"] == "PersistentVolumeClaim"]
-POD = DEPLOYMENT["spec"]["template"]["spec"]
-CONTAINERS = {c["name"]: c for c in POD["containers"]}
-POD_VOLUMES = {v["name"]: v for v in POD["volumes"]}
+class _Manifest:
+    """One Kubernetes file: its documents, the pod workload (Deployment or StatefulSet) and the
+    pod spec's containers and volumes by name."""
+
+    def __init__(self, path: str):
+        self.path = path
+        self.text = (ROOT / path).read_text()
+        self.docs = list(yaml.safe_load_all(self.text))
+        [self.workload] = [d for d in self.docs if d["kind"] in ("Deployment", "StatefulSet")]
+        self.services = [d for d in self.docs if d["kind"] == "Service"]
+        self.pod = self.workload["spec"]["template"]["spec"]
+        self.containers = {c["name"]: c for c in self.pod["containers"]}
+        self.volumes = {v["name"]: v for v in self.pod["volumes"]}
+
+    def kinds(self, kind: str) -> list[dict]:
+        return [d for d in self.docs if d["kind"] == kind]
+
+
+SINGLE = _Manifest("deploy/k8s/hotwire.yaml")  # one replica, SQLite on a claim
+REPLICAS = _Manifest("deploy/k8s/hotwire-replicas.yaml")  # N replicas, one PostgreSQL catalog
+MANIFESTS = pytest.mark.parametrize("k8s", [SINGLE, REPLICAS], ids=lambda m: Path(m.path).stem)
+[PVC] = SINGLE.kinds("PersistentVolumeClaim")
 
 
 def _env(container: dict) -> dict[str, str | None]:
     return {e["name"]: e.get("value") for e in container["env"]}
+
+
+def _env_from(container: dict, name: str) -> dict:
+    [entry] = [e for e in container["env"] if e["name"] == name]
+    return entry["valueFrom"]
 
 
 def _mount_at(container: dict, path: str) -> str:
@@ -251,18 +271,20 @@ def _port(container: dict, port: int | str) -> int:
     return number
 
 
-def test_k8s_shares_one_memory_backed_mailbox():
-    vllm, control = CONTAINERS["vllm"], CONTAINERS["control-api"]
+@MANIFESTS
+def test_k8s_shares_one_memory_backed_mailbox(k8s):
+    vllm, control = k8s.containers["vllm"], k8s.containers["control-api"]
     path = _env(vllm)["HOTWIRE_MAILBOX"]
     assert _env(control)["HOTWIRE_MAILBOX"] == path
     directory = posixpath.dirname(path)
     volume = _mount_at(vllm, directory)
     assert _mount_at(control, directory) == volume
-    assert POD_VOLUMES[volume]["emptyDir"]["medium"] == "Memory"
+    assert k8s.volumes[volume]["emptyDir"]["medium"] == "Memory"
 
 
-def test_k8s_probes_hit_real_endpoints_on_the_listening_ports():
-    vllm, control = CONTAINERS["vllm"], CONTAINERS["control-api"]
+@MANIFESTS
+def test_k8s_probes_hit_real_endpoints_on_the_listening_ports(k8s):
+    vllm, control = k8s.containers["vllm"], k8s.containers["control-api"]
     assert int(_flag(vllm["args"], "--port", VLLM_PORT_DEFAULT)) == 8000
     control_port = int(_flag(control["args"], "--port", Settings().port))
     for probe in ("startupProbe", "readinessProbe", "livenessProbe"):
@@ -276,34 +298,98 @@ def test_k8s_probes_hit_real_endpoints_on_the_listening_ports():
         assert _port(control, get["port"]) == control_port
 
 
-def test_k8s_service_routes_to_the_pod_ports():
-    assert SERVICE["spec"]["selector"].items() <= DEPLOYMENT["spec"]["template"]["metadata"]["labels"].items()
-    assert DEPLOYMENT["spec"]["selector"]["matchLabels"] == SERVICE["spec"]["selector"]
-    named = {p["name"]: p["containerPort"] for c in CONTAINERS.values() for p in c["ports"]}
-    assert {p["port"]: named[p["targetPort"]] for p in SERVICE["spec"]["ports"]} == {8000: 8000, 8001: 8001}
+@MANIFESTS
+def test_k8s_service_routes_to_the_pod_ports(k8s):
+    labels = k8s.workload["spec"]["template"]["metadata"]["labels"]
+    named = {p["name"]: p["containerPort"] for c in k8s.containers.values() for p in c["ports"]}
+    assert k8s.services
+    for service in k8s.services:
+        assert service["spec"]["selector"].items() <= labels.items()
+        assert k8s.workload["spec"]["selector"]["matchLabels"] == service["spec"]["selector"]
+        assert {p["port"]: named[p["targetPort"]] for p in service["spec"]["ports"]} == \
+            {8000: 8000, 8001: 8001}
 
 
 def test_k8s_keeps_the_catalog_on_the_claim():
-    control = CONTAINERS["control-api"]
+    control = SINGLE.containers["control-api"]
     volume = _mount_at(control, _env(control)["HOTWIRE_STATE_DIR"])
-    assert POD_VOLUMES[volume]["persistentVolumeClaim"]["claimName"] == PVC["metadata"]["name"]
-    assert DEPLOYMENT["spec"]["strategy"]["type"] == "Recreate"  # one pod holds the claim
+    assert SINGLE.volumes[volume]["persistentVolumeClaim"]["claimName"] == PVC["metadata"]["name"]
+    assert SINGLE.workload["spec"]["strategy"]["type"] == "Recreate"  # one pod holds the claim
+    assert SINGLE.workload["spec"]["replicas"] == 1
+    assert "HOTWIRE_CATALOG_DSN" not in _env(control)  # SQLite, as before
 
 
-def test_k8s_gpu_and_env_names():
-    assert CONTAINERS["vllm"]["resources"]["limits"]["nvidia.com/gpu"] == 1
-    assert _hotwire_names(_env(CONTAINERS["vllm"])) <= ENGINE_ENV
-    control_env = {e["name"]: e for e in CONTAINERS["control-api"]["env"]}
-    assert _hotwire_names(control_env) <= CONTROL_ENV
-    assert "secretKeyRef" in control_env["HOTWIRE_TOKEN"]["valueFrom"]
-    read = control_env["HOTWIRE_READ_TOKEN"]["valueFrom"]["secretKeyRef"]
-    assert read["name"] == control_env["HOTWIRE_TOKEN"]["valueFrom"]["secretKeyRef"]["name"]
+@MANIFESTS
+def test_k8s_gpu_and_env_names(k8s):
+    assert k8s.containers["vllm"]["resources"]["limits"]["nvidia.com/gpu"] == 1
+    assert _hotwire_names(_env(k8s.containers["vllm"])) <= ENGINE_ENV
+    control = k8s.containers["control-api"]
+    assert _hotwire_names(_env(control)) <= CONTROL_ENV
+    token = _env_from(control, "HOTWIRE_TOKEN")["secretKeyRef"]
+    assert token["name"] == "hotwire-control" and token["key"] == "token"
+    read = _env_from(control, "HOTWIRE_READ_TOKEN")["secretKeyRef"]
+    assert read["name"] == token["name"]
     assert read["optional"] is True  # no read-token key: reads stay open
 
 
-def test_k8s_control_api_listens_where_the_service_and_probes_reach_it():
-    control = CONTAINERS["control-api"]
+@MANIFESTS
+def test_k8s_control_api_listens_where_the_service_and_probes_reach_it(k8s):
+    control = k8s.containers["control-api"]
     assert "--host" in control["args"] or "HOTWIRE_HOST" in _env(control), \
         "say the bind explicitly: the code's default is localhost"
     assert _listens_on(control["args"], _env(control), CONTROL_IMAGE_ENV) == "0.0.0.0"
-    assert _flag(CONTAINERS["vllm"]["args"], "--host") == "0.0.0.0"
+    assert _flag(k8s.containers["vllm"]["args"], "--host") == "0.0.0.0"
+
+
+def test_k8s_replicas_run_the_single_replica_pod_with_a_shared_catalog():
+    assert REPLICAS.workload["kind"] == "StatefulSet"
+    assert REPLICAS.workload["spec"]["replicas"] == 2
+    assert REPLICAS.workload["spec"]["podManagementPolicy"] == "Parallel"
+    for name in ("vllm", "control-api"):
+        assert REPLICAS.containers[name]["image"] == SINGLE.containers[name]["image"]
+        assert REPLICAS.containers[name]["args"] == SINGLE.containers[name]["args"]
+    assert REPLICAS.containers["vllm"] == SINGLE.containers["vllm"], "the engine is unchanged"
+
+
+def test_k8s_replicas_read_the_dsn_from_a_secret():
+    control = REPLICAS.containers["control-api"]
+    [dsn] = [e for e in control["env"] if e["name"] == "HOTWIRE_CATALOG_DSN"]
+    assert "value" not in dsn, "a DSN carries a password: never inline"
+    ref = dsn["valueFrom"]["secretKeyRef"]
+    assert ref["name"] != "hotwire-control" and ref["key"]
+    assert not ref.get("optional", False), "a missing DSN must not fall back to an empty SQLite"
+    assert f"secret generic {ref['name']} " in REPLICAS.text, "the comment says how to create it"
+    assert f"--from-literal={ref['key']}=" in REPLICAS.text
+
+
+def test_k8s_replicas_are_named_after_their_pods():
+    control = REPLICAS.containers["control-api"]
+    assert _env_from(control, "HOTWIRE_REPLICA") == {"fieldRef": {"fieldPath": "metadata.name"}}
+
+
+def test_k8s_replicas_store_nothing_in_the_pod():
+    control = REPLICAS.containers["control-api"]
+    assert "HOTWIRE_STATE_DIR" not in _env(control)
+    assert not REPLICAS.kinds("PersistentVolumeClaim")
+    assert "volumeClaimTemplates" not in REPLICAS.workload["spec"]
+    assert all("emptyDir" in volume for volume in REPLICAS.volumes.values())
+
+
+def test_k8s_replicas_manifest_runs_no_database():
+    assert {d["kind"] for d in REPLICAS.docs} == {"StatefulSet", "Service"}
+    assert set(REPLICAS.containers) == {"vllm", "control-api"}
+
+
+def test_k8s_replicas_have_a_name_each_through_the_headless_service():
+    [headless] = [s for s in REPLICAS.services if s["spec"].get("clusterIP") == "None"]
+    assert REPLICAS.workload["spec"]["serviceName"] == headless["metadata"]["name"]
+
+
+def test_k8s_both_files_can_share_a_namespace():
+    names = [(d["kind"], d["metadata"]["name"]) for d in SINGLE.docs + REPLICAS.docs]
+    assert len(names) == len(set(names))
+    single, replicas = (m.workload["spec"]["template"]["metadata"]["labels"] for m in (SINGLE, REPLICAS))
+    for service in SINGLE.services:
+        assert not service["spec"]["selector"].items() <= replicas.items()
+    for service in REPLICAS.services:
+        assert not service["spec"]["selector"].items() <= single.items()
