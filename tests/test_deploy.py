@@ -171,6 +171,133 @@ def test_compose_builds_from_the_repository_dockerfiles(service, dockerfile):
     assert build["dockerfile"] == dockerfile and (ROOT / dockerfile).is_file()
 
 
+# Compose, profile `replicas`: two pairs on one PostgreSQL catalog ---------------------------
+
+PROFILE = "replicas"
+REPLICA_SERVICES = {name: svc for name, svc in SERVICES.items() if PROFILE in svc.get("profiles", [])}
+[(PG_NAME, POSTGRES)] = [(n, s) for n, s in REPLICA_SERVICES.items() if "postgres" in s["image"]]
+
+
+def _builds(service: dict, dockerfile: str) -> bool:
+    return service.get("build", {}).get("dockerfile") == dockerfile
+
+
+REPLICA_CONTROLS = {name: svc for name, svc in REPLICA_SERVICES.items()
+                    if _builds(svc, "deploy/Dockerfile.control-api")}
+# control API -> its engine: the vLLM service it depends on
+REPLICA_PAIRS = {control: engine for control, svc in REPLICA_CONTROLS.items()
+                 for engine in svc["depends_on"] if _builds(SERVICES[engine], "deploy/Dockerfile.vllm")}
+
+
+def _start_command(text: str) -> list[str]:
+    """The services named by the `docker compose --profile replicas up` line in ``text``."""
+    line = re.search(r"docker compose --profile replicas up ([^\n`]*)", text).group(1)
+    return [word for word in line.split() if not word.startswith("-")]
+
+
+def test_compose_default_stays_the_single_sqlite_pair():
+    assert {n for n, s in SERVICES.items() if "profiles" not in s} == {"vllm", "control-api"}
+    assert set(SERVICES) - set(REPLICA_SERVICES) == {"vllm", "control-api"}
+    assert "HOTWIRE_CATALOG_DSN" not in CONTROL["environment"]
+
+
+def test_compose_replicas_profile_is_postgres_and_two_pairs():
+    assert len(REPLICA_PAIRS) == 2 and len(set(REPLICA_PAIRS.values())) == 2
+    assert set(REPLICA_SERVICES) == {PG_NAME, *REPLICA_PAIRS, *REPLICA_PAIRS.values()}
+    registry, _, rest = POSTGRES["image"].partition("/")
+    assert "." in registry and re.fullmatch(r"library/postgres:\d+", rest), \
+        "a fully qualified, major-pinned image: registries other than Docker Hub may be the default"
+    assert POSTGRES["healthcheck"]["test"][:2] == ["CMD", "pg_isready"]
+
+
+def test_compose_naming_the_control_apis_starts_the_whole_profile():
+    def closure(names: list[str]) -> set[str]:
+        seen: set[str] = set()
+        while names:
+            name = names.pop()
+            if name not in seen:
+                seen.add(name)
+                names += list(SERVICES[name].get("depends_on", {}))
+        return seen
+
+    for text in [(ROOT / "docker-compose.yml").read_text()]:
+        named = _start_command(text)
+        assert set(named) == set(REPLICA_CONTROLS)
+        assert closure(named) == set(REPLICA_SERVICES)
+    for control in REPLICA_CONTROLS.values():
+        assert control["depends_on"][PG_NAME]["condition"] == "service_healthy"
+
+
+@pytest.mark.parametrize("control", sorted(REPLICA_PAIRS))
+def test_compose_each_replica_pair_shares_its_own_memory_backed_mailbox(control):
+    engine = SERVICES[REPLICA_PAIRS[control]]
+    path = engine["environment"]["HOTWIRE_MAILBOX"]
+    assert SERVICES[control]["environment"]["HOTWIRE_MAILBOX"] == path
+    directory = posixpath.dirname(path)
+    volume = _volume_at(engine, directory)
+    assert _volume_at(SERVICES[control], directory) == volume
+    assert COMPOSE["volumes"][volume] == COMPOSE["volumes"][_volume_at(VLLM, directory)]  # tmpfs
+    others = {_volume_at(SERVICES[e], directory) for c, e in REPLICA_PAIRS.items() if c != control}
+    assert volume not in others | {_volume_at(VLLM, directory)}, "one mailbox per engine"
+
+
+def test_compose_replicas_share_one_dsn_with_the_password_from_the_environment():
+    [dsn] = {svc["environment"]["HOTWIRE_CATALOG_DSN"] for svc in REPLICA_CONTROLS.values()}
+    url = urlparse(dsn)
+    pg = POSTGRES["environment"]
+    assert url.scheme == "postgresql" and url.hostname == PG_NAME and url.port == 5432
+    assert url.username == pg["POSTGRES_USER"] and url.path == f"/{pg['POSTGRES_DB']}"
+    variable = re.fullmatch(r"\$\{(\w+):-\}", url.password or "")
+    assert variable, "the password is interpolated from the environment, never written here"
+    assert pg["POSTGRES_PASSWORD"] == "${" + variable.group(1) + ":-}"
+
+
+def test_compose_never_requires_a_variable():
+    # Compose interpolates every service, whatever the profile: `${X:?}` in the replicas profile
+    # would stop a plain `docker compose up`.
+    assert not re.search(r"\$\{\w+:?\?", (ROOT / "docker-compose.yml").read_text())
+
+
+def test_compose_replica_names_are_distinct():
+    names = [svc["environment"]["HOTWIRE_REPLICA"] for svc in REPLICA_CONTROLS.values()]
+    assert all(names) and len(set(names)) == len(names) == 2
+
+
+def test_compose_replicas_keep_no_sqlite_catalog():
+    for control in REPLICA_CONTROLS.values():
+        assert "HOTWIRE_STATE_DIR" not in control["environment"]
+        assert "state:" not in " ".join(control["volumes"])
+
+
+@pytest.mark.parametrize("name", sorted(set(REPLICA_PAIRS) | set(REPLICA_PAIRS.values())))
+def test_compose_replica_services_are_the_default_ones_on_other_ports(name):
+    service = SERVICES[name]
+    default = CONTROL if name in REPLICA_CONTROLS else VLLM
+    for key in ("build", "image", "command", "healthcheck", "restart"):
+        assert service[key] == default[key], key
+    if default is VLLM:
+        assert service["environment"] == VLLM["environment"]
+    else:
+        assert _hotwire_names(service["environment"]) <= CONTROL_ENV
+        for token in ("HOTWIRE_TOKEN", "HOTWIRE_READ_TOKEN"):
+            assert service["environment"][token] == CONTROL["environment"][token]
+        assert _listens_on(service["command"], service["environment"], CONTROL_IMAGE_ENV) == "0.0.0.0"
+    [published] = service["ports"]
+    [default_published] = default["ports"]
+    assert published.split(":")[1] == default_published.split(":")[1]
+
+
+def test_compose_host_ports_and_gpus_are_distinct():
+    host_ports = [p.split(":")[0] for svc in SERVICES.values() for p in svc.get("ports", [])]
+    assert len(set(host_ports)) == len(host_ports), "the SQLite pair may run beside the replicas"
+    gpus = []
+    for engine in REPLICA_PAIRS.values():
+        [device] = SERVICES[engine]["deploy"]["resources"]["reservations"]["devices"]
+        assert device["driver"] == "nvidia" and "count" not in device
+        gpus += device["device_ids"]
+    assert len(set(gpus)) == len(gpus) == 2
+
+
 # Dockerfiles -------------------------------------------------------------------------------
 
 def _pyproject() -> dict:
