@@ -220,7 +220,7 @@ def test_compose_naming_the_control_apis_starts_the_whole_profile():
                 names += list(SERVICES[name].get("depends_on", {}))
         return seen
 
-    for text in [(ROOT / "docker-compose.yml").read_text()]:
+    for text in ((ROOT / "docker-compose.yml").read_text(), (ROOT / "docs/replicas.md").read_text()):
         named = _start_command(text)
         assert set(named) == set(REPLICA_CONTROLS)
         assert closure(named) == set(REPLICA_SERVICES)
