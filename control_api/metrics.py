@@ -41,7 +41,7 @@ class StateCollector(Collector):
                                      "Catalog vectors fully written into the engine's slots",
                                      labels=rank)
         used = GaugeMetricFamily("hotwire_slots_used", "Engine slots not reusable", labels=rank)
-        total = GaugeMetricFamily("hotwire_slots_total", "Engine slot budget", labels=rank)
+        total = GaugeMetricFamily("hotwire_slots_capacity", "Engine slot budget", labels=rank)
         heartbeat = GaugeMetricFamily("hotwire_engine_heartbeat_age_seconds",
                                       "Age of the engine's last heartbeat", labels=rank)
         lag = GaugeMetricFamily("hotwire_mailbox_unapplied_generations",
@@ -97,7 +97,7 @@ class StateCollector(Collector):
 class Metrics:
     def __init__(self, catalog: CatalogStore, engines: Engines):
         self.registry = CollectorRegistry()
-        self.uploads = Counter("hotwire_uploads", "Vector uploads by HTTP status", ["status"],
+        self.uploads = Counter("hotwire_uploads", "Vector uploads by HTTP status code", ["code"],
                                registry=self.registry)
         self.registry.register(StateCollector(catalog, engines))
 

@@ -477,15 +477,15 @@ def test_metrics_expose_catalog_slots_engine_counters_and_uploads(rig):
     assert m[("hotwire_catalog_vectors", ())] == 2
     assert m[("hotwire_resident_vectors", RANK0)] == 2
     assert m[("hotwire_slots_used", RANK0)] == FP.n_layers + 1
-    assert m[("hotwire_slots_total", RANK0)] == rig.engine.n_slots
+    assert m[("hotwire_slots_capacity", RANK0)] == rig.engine.n_slots
     unsteered = "hotwire_engine_unsteered_requests_total"
     assert m[(unsteered, (*RANK0, ("reason", "unknown_id")))] == 3
     assert m[(unsteered, (*RANK0, ("reason", "malformed")))] == 0
     assert m[("hotwire_engine_steered_requests_total", RANK0)] == 7
     assert m[("hotwire_engine_steps_total", RANK0)] == 40
     assert m[("hotwire_engine_host_seconds_total", RANK0)] == 2.5
-    assert m[("hotwire_uploads_total", (("status", "201"),))] == 2
-    assert m[("hotwire_uploads_total", (("status", "409"),))] == 1
+    assert m[("hotwire_uploads_total", (("code", "201"),))] == 2
+    assert m[("hotwire_uploads_total", (("code", "409"),))] == 1
     assert 0 <= m[("hotwire_engine_heartbeat_age_seconds", RANK0)] < 3
     # The engine applies rows on its own clock: the counter must reach every row pushed.
     rows = ("hotwire_engine_mailbox_rows_applied_total", RANK0)
