@@ -293,17 +293,23 @@ class _Mailbox:
             self._write(self._rows_off + 4 * self.hidden * slot, np.asarray(row, dtype=np.float32))
         self._write(at, (seq + 2).to_bytes(8, "little"))
 
+    @classmethod
+    def _at(cls, path: str, writable: bool):
+        """Open the mailbox at ``path`` (MailboxError when there is none, or it is not one)."""
+        try:
+            fd = os.open(path, os.O_RDWR if writable else os.O_RDONLY)
+        except FileNotFoundError:
+            raise MailboxError(f"no mailbox at {path}: is the engine up with hotwire loaded?") from None
+        try:
+            return cls(path, fd)
+        except BaseException:
+            os.close(fd)
+            raise
+
     def close(self) -> None:
         if self._fd >= 0:
             os.close(self._fd)
             self._fd = -1
-
-
-def _open(path: str, writable: bool) -> int:
-    try:
-        return os.open(path, os.O_RDWR if writable else os.O_RDONLY)
-    except FileNotFoundError:
-        raise MailboxError(f"no mailbox at {path}: is the engine up with hotwire loaded?") from None
 
 
 class EngineMailbox(_Mailbox):
@@ -459,12 +465,7 @@ class ControlMailbox(_Mailbox):
 
     @classmethod
     def attach(cls, path: str) -> "ControlMailbox":
-        fd = _open(path, writable=True)
-        try:
-            return cls(path, fd)
-        except BaseException:
-            os.close(fd)
-            raise
+        return cls._at(path, writable=True)
 
     def replaced(self) -> bool:
         """True when the file at the path is no longer the one attached (engine restart), or the
@@ -516,12 +517,7 @@ class MailboxView(_Mailbox):
 
     @classmethod
     def open(cls, path: str) -> "MailboxView":
-        fd = _open(path, writable=False)
-        try:
-            return cls(path, fd)
-        except BaseException:
-            os.close(fd)
-            raise
+        return cls._at(path, writable=False)
 
     def generations(self) -> dict[str, int]:
         """``{vector id: generation}`` of every ACTIVE slot with a valid id."""

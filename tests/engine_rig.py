@@ -8,7 +8,6 @@ fields of vLLM's ``SchedulerOutput`` that hotwire reads.
 from dataclasses import dataclass, field
 from types import SimpleNamespace
 
-import numpy as np
 import torch
 
 from hotwire.engine_plugin.admission import Admission, entry_limit

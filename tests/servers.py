@@ -226,6 +226,17 @@ class VllmServer(ServerProcess):
         self.launch()
         return self.ready(timeout)
 
+    def complete(self, prompt: list[int], steer: str | None = None, max_tokens: int = 8,
+                 **extra: Any) -> dict[str, Any]:
+        """One greedy ``/v1/completions`` choice (``token_ids`` included), steered by ``steer``."""
+        body = {"model": self.served_name, "prompt": prompt, "max_tokens": max_tokens,
+                "temperature": 0, "ignore_eos": True, "return_token_ids": True, **extra}
+        if steer is not None:
+            body["vllm_xargs"] = {"hotwire": steer}
+        r = self.http().post("/v1/completions", json=body)
+        assert r.status_code == 200, r.text
+        return r.json()["choices"][0]
+
     def ready(self, timeout: float = 600, logprobs: bool = False) -> VllmServer:
         """Wait until a launched server answers, and warm it up.
 

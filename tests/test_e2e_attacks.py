@@ -53,13 +53,7 @@ def served(request, tmp_path_factory, tiny_model):
 
 
 def _complete(engine: VllmServer, prompt: list[int], steer: str | None = None) -> list[int]:
-    body = {"model": engine.served_name, "prompt": prompt, "max_tokens": N, "temperature": 0,
-            "ignore_eos": True, "return_token_ids": True}
-    if steer is not None:
-        body["vllm_xargs"] = {"hotwire": steer}
-    r = engine.http().post("/v1/completions", json=body)
-    assert r.status_code == 200, r.text
-    return r.json()["choices"][0]["token_ids"]
+    return engine.complete(prompt, steer, N)["token_ids"]
 
 
 PROMPTS = [[5, 17, 42, 99, 3], [11, 12, 13], [200, 100, 50, 25, 12, 6], [7] * 9]

@@ -41,13 +41,7 @@ def dp_servers(request, tmp_path_factory, tiny_model):
 
 
 def _complete(engine: VllmServer, steer: str | None = None) -> list[int]:
-    body = {"model": engine.served_name, "prompt": PROMPT, "max_tokens": N, "temperature": 0,
-            "ignore_eos": True, "return_token_ids": True}
-    if steer is not None:
-        body["vllm_xargs"] = {"hotwire": steer}
-    r = engine.http().post("/v1/completions", json=body)
-    assert r.status_code == 200, r.text
-    return r.json()["choices"][0]["token_ids"]
+    return engine.complete(PROMPT, steer, N)["token_ids"]
 
 
 def _ranks(control: ControlApi) -> list[dict]:

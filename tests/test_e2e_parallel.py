@@ -44,13 +44,7 @@ def _spec(vector_id: str) -> str:
 
 def _complete(engine: VllmServer, prompt: list[int], steer: str | None = None,
               max_tokens: int = N) -> tuple[list[int], list[float]]:
-    body = {"model": engine.served_name, "prompt": prompt, "max_tokens": max_tokens, "temperature": 0,
-            "ignore_eos": True, "return_token_ids": True, "logprobs": 0}
-    if steer is not None:
-        body["vllm_xargs"] = {"hotwire": steer}
-    r = engine.http().post("/v1/completions", json=body)
-    assert r.status_code == 200, r.text
-    choice = r.json()["choices"][0]
+    choice = engine.complete(prompt, steer, max_tokens, logprobs=0)
     return choice["token_ids"], choice["logprobs"]["token_logprobs"]
 
 

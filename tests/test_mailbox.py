@@ -49,7 +49,6 @@ def test_engine_restart_replaces_the_file_with_a_new_epoch(tmp_path):
 import os  # noqa: E402
 
 import pytest  # noqa: E402
-import torch  # noqa: E402
 
 from engine_rig import Rig  # noqa: E402
 from hotwire.shared.mailbox import DIRECTORY, FREE, MailboxError  # noqa: E402
