@@ -32,7 +32,7 @@ from .catalog import VectorRecord
 from .catalog_store import CatalogStore
 from .engine_link import EngineLink
 from .errors import ApiError
-from .slots import RECONCILE_PERIOD_S, EngineView, Placement, Residency, SlotManager, catalog_write
+from .slots import RECONCILE_PERIOD_S, EngineView, Residency, SlotManager, catalog_write
 from .uploads import Upload
 
 log = logging.getLogger("hotwire.control_api")
