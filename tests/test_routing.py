@@ -146,6 +146,20 @@ def test_a_slot_reused_at_once_is_rebound_with_the_next_step(rig):
     assert torch.equal(rig.tables.bank[1], torch.full((H,), 2.0))
 
 
+def test_a_reused_slot_does_not_show_its_previous_occupants_last_use(rig):
+    control = rig.control
+    control.write(0, "old", ANY_LAYER, np.ones(H, np.float32), gen=1)
+    rig.step(new=[("r", _spec({"id": "old", "layer": 1}), 3)])
+    rig.step(finished=["r"])
+    assert int(control.engine["last_used_ns"][0]) > 0
+    control.retire(0)
+    rig.idle()
+    control.write(0, "new", ANY_LAYER, np.ones(H, np.float32), gen=1)
+    rig.idle()
+    rig.step()
+    assert int(control.engine["last_used_ns"][0]) == 0  # "new" has not been used yet
+
+
 def test_torn_entry_is_skipped_until_the_write_completes(rig):
     control = rig.control
     control.write(1, "v", ANY_LAYER, np.ones(H, np.float32), gen=1)
