@@ -10,6 +10,8 @@
 #                                           # armed on all layers, armed on two (0.6B: + eager)
 #   bash benchmarks/h200.sh serve  OUTDIR [C...]  # host work per step; served tokens/s at C in flight
 #                                           # (default 64 256): plugin-free, all armed, two armed
+#   bash benchmarks/h200.sh pair   OUTDIR   # two GPUs: TP=2 and PP=2 servers with runtime registration
+#                                           # (tests/test_e2e_parallel.py as deployed: bf16, graphs on)
 #   bash benchmarks/h200.sh all    OUTDIR   # the four stages one after another (0.6B, 4B, 8B; 64, 256 in
 #                                           # flight), then the tables and OUTDIR/step-time.png (~35 min)
 #
@@ -21,9 +23,9 @@
 set -u
 stage=${1:-} out=${2:-}
 case $stage in
-  checks|matrix|perf|serve|all) [ -n "$out" ] ;;
+  checks|matrix|perf|serve|pair|all) [ -n "$out" ] ;;
   *) false ;;
-esac || { echo "usage: $0 checks|matrix|perf|serve|all OUTDIR [ARGS...]" >&2; exit 2; }
+esac || { echo "usage: $0 checks|matrix|perf|serve|pair|all OUTDIR [ARGS...]" >&2; exit 2; }
 shift 2
 mkdir -p "$out/logs"
 limit=${HOTWIRE_JOB_LIMIT:-540}
@@ -50,6 +52,12 @@ checks() {
   # the same with reduction configs chosen by rule, as the GPU tests run their engines
   job determinism-filtered env TORCHINDUCTOR_FORCE_FILTER_REDUCTION_CONFIGS=1 python3 benchmarks/determinism.py \
     --model /tmp/hw-tiny --out "$out/determinism-tiny-filtered.json" --engine-args "$ea"
+  wait
+}
+
+pair() {  # needs two GPUs: the servers' two ranks take one each
+  job parallel env HOTWIRE_E2E_GPU=1 VLLM_BATCH_INVARIANT=1 python3 -m pytest tests/test_e2e_parallel.py \
+    --basetemp /tmp/pt-parallel -p no:cacheprovider -rA
   wait
 }
 
