@@ -440,8 +440,8 @@ def test_engine_restart_gets_the_catalog_back(rig, prompts):
 
 # 5. Eviction under in-flight load --------------------------------------------------------------
 
-SMALL_ENGINE = {**ENGINE, "max_model_len": 2048}  # room for requests that run for many seconds
-STREAM_N = 2000
+SMALL_ENGINE = {**ENGINE, "max_model_len": 8192}  # room for requests that run for many seconds
+STREAM_N = 8000  # at a few hundred tokens/s, longer than any wait below (2000 ran out once in CI)
 
 
 class Running:
