@@ -52,7 +52,7 @@ def build_tokenizer(path: str | Path, vocab_size: int = 384):
 
 def build_tiny(path: str | Path, *, arch: str = "qwen3", hidden: int = 128, layers: int = 4,
                heads: int = 4, kv_heads: int = 2, intermediate: int = 256, seed: int = 0,
-               dtype: str = "float32") -> Path:
+               dtype: str = "float32", max_positions: int = 2048) -> Path:
     """A tiny random model + tokenizer that vLLM and transformers both load, in seconds on CPU."""
     import torch
     from transformers import AutoConfig, AutoModelForCausalLM
@@ -63,7 +63,7 @@ def build_tiny(path: str | Path, *, arch: str = "qwen3", hidden: int = 128, laye
     config = AutoConfig.for_model(
         arch, vocab_size=len(tok), hidden_size=hidden, num_hidden_layers=layers,
         num_attention_heads=heads, num_key_value_heads=kv_heads, intermediate_size=intermediate,
-        head_dim=hidden // heads, max_position_embeddings=2048, tie_word_embeddings=False,
+        head_dim=hidden // heads, max_position_embeddings=max_positions, tie_word_embeddings=False,
         bos_token_id=tok.eos_token_id, eos_token_id=tok.eos_token_id, torch_dtype=dtype,
     )
     torch.manual_seed(seed)

@@ -485,10 +485,14 @@ class Running:
 
 
 @pytest.fixture
-def small_rig(request, tmp_path_factory, tiny_model):
-    """A second server pair whose engine has room for two vectors."""
+def small_rig(request, tmp_path_factory):
+    """A second server pair whose engine has room for two vectors, on the tiny model with a
+    longer context (the same weights and tokenizer: built from the same seed)."""
+    from hotwire.engine_plugin.tiny_model import build_tiny
+
     tmp = tmp_path_factory.mktemp("e2e-small")
-    engine = VllmServer(tmp / "engine", tiny_model, SMALL_ENGINE, HOTWIRE_SLOTS="2", **ENGINE_ENV)
+    model = build_tiny(tmp / "tiny-qwen3-long", hidden=HIDDEN, layers=LAYERS, max_positions=8192)
+    engine = VllmServer(tmp / "engine", model, SMALL_ENGINE, HOTWIRE_SLOTS="2", **ENGINE_ENV)
     control = _control(tmp, engine)
     try:
         with logs_on_failure(request, engine, control):
