@@ -35,7 +35,7 @@ NEGATIVE = [
     "What a horrible disappointment, I am so sad.",
 ]
 LAYER = 15
-SCALE = 3.0
+SCALE = 2.0
 CHAT_PROMPT = "Describe your weekend in two sentences."
 
 
