@@ -147,7 +147,7 @@ def target_logprobs(tmp_path_factory, model_dir, gloom_dir, hf, prompts) -> np.n
            "requests": requests, "targets": targets}
     (tmp / "job.json").write_text(json.dumps(job))
     proc = subprocess.run([sys.executable, __file__, str(tmp / "job.json"), str(tmp / "out.json")],
-                          env=engine_env(tmp, HOTWIRE_VECTORS=str(gloom_dir)), capture_output=True, text=True,
+                          env=engine_env(tmp, HOTWIRE_VECTORS=str(gloom_dir), HOTWIRE_LAYERS=str(LAYER)), capture_output=True, text=True,
                           timeout=600)
     assert proc.returncode == 0, (proc.stdout + proc.stderr)[-6000:]
     rows = np.array(json.loads((tmp / "out.json").read_text())["logprobs"], dtype=np.float64)
@@ -169,15 +169,15 @@ def test_target_words_fall_with_negative_scale(target_logprobs):
 def test_unsteered_equals_plugin_free_engine(tmp_path_factory, model_dir, gloom_dir, prompts):
     """Unsteered batchmates of steered requests, tokens and logprobs, bit for bit."""
     spec = {"id": "gloom", "layer": LAYER, "scale": SCALES[-1]}
-    batch = [{"prompt_token_ids": p, "max_tokens": 16, "logprobs": 0, "spec": s}
+    batch = [{"prompt_token_ids": p, "max_tokens": 12, "logprobs": 0, "spec": s}
              for p in prompts for s in (None, spec)]
     job = {"model": str(model_dir), "engine": CPU_ENGINE, "rounds": [batch]}
     tmp = tmp_path_factory.mktemp("exact")
     armed = run_engine(tmp / "armed", {**job, "plugin": True},
-                       engine_env(tmp / "armed", HOTWIRE_VECTORS=str(gloom_dir)))
+                       engine_env(tmp / "armed", HOTWIRE_VECTORS=str(gloom_dir), HOTWIRE_LAYERS=str(LAYER)))
     free = run_engine(tmp / "free", {**job, "plugin": False}, engine_env(tmp / "free"))
     assert armed["hotwire"] and not free["hotwire"]
-    assert LAYER in armed["armed"]
+    assert armed["armed"] == [LAYER]
     for i, req in enumerate(batch):
         if req["spec"] is None:
             assert armed["rounds"][0][i] == free["rounds"][0][i]
