@@ -84,6 +84,7 @@ def run_smollm2(args: argparse.Namespace) -> int:
     contrast.save(mood, work / "vectors" / "mood.safetensors")
     os.environ["HOTWIRE_VECTORS"] = str(work / "vectors")
     os.environ.setdefault("HOTWIRE_MAILBOX", str(work / "engine.mbx"))
+    os.environ.setdefault("HOTWIRE_LAYERS", str(LAYER))  # arm only the steered layer
 
     from vllm import LLM, SamplingParams
 
