@@ -35,6 +35,14 @@ def entry_limit(dtype: torch.dtype) -> float:
     return float(torch.finfo(dtype).max) / (2 * MAX_ENTRIES)
 
 
+def request_args(req: Any) -> tuple[str, dict[str, Any] | None, int]:
+    """``(req_id, extra_args, prompt_len)`` of a scheduler output's new request: what admission
+    reads, the same on the engine core and on every rank."""
+    sp = req.sampling_params
+    prompt_len = len(req.prompt_token_ids) if req.prompt_token_ids is not None else 0
+    return req.req_id, sp.extra_args if sp is not None else None, prompt_len
+
+
 Term = tuple[int, int, int, int, int, int]  # (layer, k, slot, lo, hi, scale's float32 bits)
 
 

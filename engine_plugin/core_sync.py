@@ -34,7 +34,7 @@ import numpy as np
 from hotwire.shared.mailbox import ACTIVE, ANY_LAYER, EngineMailbox, Fingerprint, MailboxError, SlotEntry
 
 from . import startup
-from .admission import Admission, entry_limit
+from .admission import Admission, entry_limit, request_args
 from .config import HotwireConfig
 from .counters import Counters, process_counters
 from .delta import PendingDelta
@@ -156,9 +156,7 @@ class CoreSync:
                 delta.apply(self.registry, None)
             self.admission.finish(scheduler_output.finished_req_ids)
             for req in scheduler_output.scheduled_new_reqs:
-                sp = req.sampling_params
-                prompt_len = len(req.prompt_token_ids) if req.prompt_token_ids is not None else 0
-                self.admission.admit(req.req_id, sp.extra_args if sp is not None else None, prompt_len)
+                self.admission.admit(*request_args(req))
             if self.registry.refs_changed or (self.box is not None and self.box.counters_changed):
                 with self._guard() as usable:
                     if usable:

@@ -22,7 +22,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from .admission import Admission, entry_limit
+from .admission import Admission, entry_limit, request_args
 from .config import HotwireConfig
 from .counters import Counters, process_counters
 from .registry import Registry
@@ -91,9 +91,7 @@ class Steerer:
         if new or finished:
             self.router.finish(finished)
             for req in new:
-                sp = req.sampling_params
-                prompt_len = len(req.prompt_token_ids) if req.prompt_token_ids is not None else 0
-                self.router.admit(req.req_id, sp.extra_args if sp is not None else None, prompt_len)
+                self.router.admit(*request_args(req))
         self.counters.host_ns += time.perf_counter_ns() - t
 
     def on_batch(self, req_ids: list[str], num_tokens: np.ndarray) -> None:
