@@ -23,7 +23,7 @@ from .engines import Engines
 from .errors import install_error_handlers
 from .metrics import Metrics, count_uploads
 from .replicas import ReplicaReports
-from .routers import health, slots, vectors
+from .routers import health, presets, slots, vectors
 from .settings import Settings
 
 log = logging.getLogger("hotwire.control_api")
@@ -69,9 +69,10 @@ def create_app(settings: Settings | None = None) -> FastAPI:
             catalog.close()
 
     app = FastAPI(title="hotwire control API", version=version("hotwire"), lifespan=lifespan,
-                  description="Register steering vectors and watch the engine's slot table.")
+                  description="Register steering vectors and presets, and watch the engine's slot "
+                  "table.")
     install_error_handlers(app)
     app.middleware("http")(count_uploads(vectors.PATH))
-    for module in (vectors, slots, health):
+    for module in (vectors, presets, slots, health):
         app.include_router(module.router)
     return app

@@ -14,6 +14,10 @@ opened (the state directory removed, the file replaced), every later write would
 nobody will ever read again. :meth:`Catalog.problem` notices, marks the catalog lost for good and
 every write from then on raises :class:`CatalogLost`; reads keep answering from memory.
 :meth:`Catalog.write_refusal` is the answer writes get then (503 ``catalog_lost``).
+
+Presets (:mod:`.presets`) live in their own table, kept in memory like the vectors. Schema changes
+are additive, so ``SCHEMA_VERSION`` stays 1: a catalog written before presets existed gains the
+``presets`` table when opened, and an older build still opens a catalog that has one.
 """
 
 from __future__ import annotations
@@ -35,6 +39,7 @@ import numpy as np
 from hotwire.shared.wire import decode_safetensors, encode_safetensors
 
 from .errors import ApiError
+from .presets import PresetExists, PresetRecord
 
 SCHEMA_VERSION = 1
 _SCHEMA = """
@@ -53,6 +58,12 @@ CREATE TABLE IF NOT EXISTS vectors (
 CREATE TABLE IF NOT EXISTS generations (
     id    TEXT PRIMARY KEY,
     last  INTEGER NOT NULL         -- highest generation ever given to this id
+);
+CREATE TABLE IF NOT EXISTS presets (
+    name         TEXT PRIMARY KEY,
+    entries      TEXT NOT NULL,    -- JSON list of spec entries, as posted
+    description  TEXT,
+    created_at   REAL NOT NULL
 );
 """
 _COLUMNS = "id, generation, dtype, shape, layers, pinned, metadata, created_at, updated_at"
@@ -126,6 +137,8 @@ class Catalog:
         self._records = {r[0]: VectorRecord.from_row(r) for r in rows}
         self._high_water: dict[str, int] = dict(
             self._db.execute("SELECT id, last FROM generations").fetchall())
+        self._presets = {row[0]: _preset(row) for row in self._db.execute(
+            "SELECT name, entries, description, created_at FROM presets").fetchall()}
 
     def problem(self) -> str | None:
         """Why the catalog can no longer persist anything, or ``None``; sticky once lost.
@@ -247,6 +260,35 @@ class Catalog:
                        (vector_id, high_water))
         self._high_water[vector_id] = high_water
 
+    def presets(self) -> list[PresetRecord]:
+        """Every preset, by name."""
+        return sorted(self._presets.values(), key=lambda p: p.name)
+
+    def preset(self, name: str) -> PresetRecord | None:
+        return self._presets.get(name)
+
+    def put_preset(self, name: str, entries: tuple[dict[str, Any], ...], description: str | None,
+                   *, replace: bool) -> tuple[PresetRecord, bool]:
+        """Store a preset: ``(record, created)``. ``replace=False`` creates only
+        (:class:`.presets.PresetExists`); a replaced preset is a new recipe, with a new
+        ``created_at``."""
+        record = PresetRecord(name, tuple(entries), description, time.time())
+        with self._transaction() as db:
+            existed = db.execute("SELECT 1 FROM presets WHERE name = ?", (name,)).fetchone()
+            if existed and not replace:
+                raise PresetExists(name)
+            db.execute("INSERT OR REPLACE INTO presets (name, entries, description, created_at) "
+                       "VALUES (?, ?, ?, ?)", (name, json.dumps(list(entries)), description,
+                                               record.created_at))
+        self._presets[name] = record
+        return record, not existed
+
+    def delete_preset(self, name: str) -> bool:
+        with self._transaction() as db:
+            gone = db.execute("DELETE FROM presets WHERE name = ?", (name,)).rowcount > 0
+        self._presets.pop(name, None)
+        return gone
+
     @staticmethod
     def _stored_high_water(db: sqlite3.Connection, vector_id: str) -> int:
         row = db.execute("SELECT last FROM generations WHERE id = ?", (vector_id,)).fetchone()
@@ -255,6 +297,11 @@ class Catalog:
     def close(self) -> None:
         with self._lock:
             self._db.close()
+
+
+def _preset(row: tuple) -> PresetRecord:
+    name, entries, description, created_at = row
+    return PresetRecord(name, tuple(json.loads(entries)), description, created_at)
 
 
 def _identity(path: Path) -> tuple[int, int]:

@@ -22,6 +22,12 @@ Same contract as :class:`.catalog.Catalog` (see :mod:`.catalog_store`), plus wha
   the listener reconnects with backoff, then catches up. The constructor fails instead: a
   replica that never read the catalog must not reconcile its engine to an empty one.
 
+Presets (:mod:`.presets`, table ``hotwire_presets``) are read from the database on every call,
+not kept in memory: a preset written through one replica is seen by every other at once, with no
+notification to wait for. While the database is unreachable their reads fail with 503 like writes
+(vectors keep serving from memory because the engines depend on them; a preset is only looked up).
+The table was added without a schema version bump: older builds ignore it.
+
 The DSN's password never reaches a log or an error message (:func:`describe_dsn`).
 """
 
@@ -43,6 +49,7 @@ from hotwire.shared.wire import decode_safetensors, encode_safetensors
 
 from .catalog import StaleGeneration, VectorExists, VectorRecord
 from .errors import ApiError
+from .presets import PresetExists, PresetRecord
 
 log = logging.getLogger("hotwire.control_api")
 
@@ -91,9 +98,16 @@ CREATE TABLE IF NOT EXISTS hotwire_residency (
     PRIMARY KEY (replica, vector_id)
 );
 CREATE INDEX IF NOT EXISTS hotwire_residency_vector ON hotwire_residency (vector_id);
+CREATE TABLE IF NOT EXISTS hotwire_presets (
+    name         text PRIMARY KEY,
+    entries      json NOT NULL,            -- list of spec entries, as posted
+    description  text,
+    created_at   double precision NOT NULL
+);
 """.format(version=SCHEMA_VERSION)
 _RECORD = ("v.id, v.generation, v.dtype, v.shape::text, v.layers::text, v.pinned, "
            "v.metadata::text, v.created_at, v.updated_at")
+_PRESET = "name, entries::text, description, created_at"
 # Ids with their latest change's seq, their high-water mark, then the record (NULLs if none).
 _CHANGES = (f"SELECT g.id, g.changed_seq, g.last, {_RECORD} FROM hotwire_generations g "
             "LEFT JOIN hotwire_vectors v ON v.id = g.id")
@@ -137,6 +151,11 @@ def describe_dsn(dsn: str) -> str:
     user = f"{info['user']}@" if info.get("user") else ""
     port = f":{info['port']}" if info.get("port") else ""
     return f"{user}{info.get('host') or 'localhost'}{port}/{info.get('dbname') or ''}"
+
+
+def _preset(row: tuple) -> PresetRecord:
+    name, entries, description, created_at = row
+    return PresetRecord(name, tuple(json.loads(entries)), description, created_at)
 
 
 def unavailable(message: str) -> ApiError:
@@ -327,6 +346,49 @@ class PostgresCatalog:
         seq, high_water = self._write(write)
         with self._memory:
             self._high_water[vector_id] = max(high_water, self._high_water.get(vector_id, 0))
+
+    # Presets: read through, never cached ---------------------------------------------------
+
+    def presets(self) -> list[PresetRecord]:
+        """Every preset, by name, as the database holds them now."""
+        rows = self._run(lambda conn: conn.execute(
+            f"SELECT {_PRESET} FROM hotwire_presets").fetchall())
+        return sorted((_preset(row) for row in rows), key=lambda p: p.name)
+
+    def preset(self, name: str) -> PresetRecord | None:
+        row = self._run(lambda conn: conn.execute(
+            f"SELECT {_PRESET} FROM hotwire_presets WHERE name = %s", (name,)).fetchone())
+        return None if row is None else _preset(row)
+
+    def put_preset(self, name: str, entries: tuple[dict[str, Any], ...], description: str | None,
+                   *, replace: bool) -> tuple[PresetRecord, bool]:
+        """Store a preset: ``(record, created)``. ``replace=False`` creates only, checked by the
+        primary key, so of two replicas creating one name the second gets
+        :class:`.presets.PresetExists`."""
+        record = PresetRecord(name, tuple(entries), description, time.time())
+        values = (name, json.dumps(list(entries)), description, record.created_at)
+
+        def write(conn: psycopg.Connection) -> bool:
+            if replace:
+                (created,) = conn.execute(
+                    "INSERT INTO hotwire_presets AS p (name, entries, description, created_at) "
+                    "VALUES (%s, %s::json, %s, %s) ON CONFLICT (name) DO UPDATE SET "
+                    "entries = excluded.entries, description = excluded.description, "
+                    "created_at = excluded.created_at RETURNING p.xmax = 0", values).fetchone()
+                return created
+            row = conn.execute(
+                "INSERT INTO hotwire_presets (name, entries, description, created_at) "
+                "VALUES (%s, %s::json, %s, %s) ON CONFLICT (name) DO NOTHING RETURNING 1",
+                values).fetchone()
+            if row is None:
+                raise PresetExists(name)
+            return True
+
+        return record, self._write(write)
+
+    def delete_preset(self, name: str) -> bool:
+        return self._write(lambda conn: conn.execute(
+            "DELETE FROM hotwire_presets WHERE name = %s", (name,)).rowcount > 0)
 
     # Residency: which replica's engine holds what ------------------------------------------
 

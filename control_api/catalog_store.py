@@ -10,7 +10,9 @@ memory; an id's generation grows across its whole history, deletes included; ``p
 creating one id cannot both succeed); ``put`` with ``generation`` is idempotent (adopting a
 record already at that generation changes nothing); ``write_refusal`` is the 503 every write
 gets while ``problem()`` is set (``catalog_lost`` for a lost SQLite file, ``catalog_unavailable``
-for an unreachable database).
+for an unreachable database). Presets: ``put_preset(replace=False)`` creates only
+(``PresetExists``, checked where the data lives); PostgreSQL reads them through, SQLite from
+memory.
 """
 
 from __future__ import annotations
@@ -21,6 +23,7 @@ import numpy as np
 
 from .catalog import Catalog, VectorRecord
 from .errors import ApiError
+from .presets import PresetRecord
 from .settings import Settings
 
 
@@ -46,6 +49,15 @@ class CatalogStore(Protocol):
     def delete(self, vector_id: str) -> bool: ...
 
     def reserve_generation(self, vector_id: str, generation: int) -> None: ...
+
+    def presets(self) -> list[PresetRecord]: ...
+
+    def preset(self, name: str) -> PresetRecord | None: ...
+
+    def put_preset(self, name: str, entries: tuple[dict[str, Any], ...], description: str | None,
+                   *, replace: bool) -> tuple[PresetRecord, bool]: ...
+
+    def delete_preset(self, name: str) -> bool: ...
 
     def close(self) -> None: ...
 

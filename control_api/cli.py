@@ -13,7 +13,7 @@ import importlib
 import sys
 from importlib.metadata import PackageNotFoundError, version
 
-# Exit statuses of every client command (vectors, slots); 2 is also argparse's usage error.
+# Exit statuses of every client command (vectors, presets, slots); 2 is also argparse's usage error.
 EXIT_OK = 0
 EXIT_ERROR = 1  # any other failure: 404, 5xx (no engine, no space, ...), a transport error
 EXIT_USAGE = 2  # bad arguments
@@ -33,6 +33,8 @@ EXIT_CODES = {EXIT_OK: "success", EXIT_ERROR: "other error (server message on st
 COMMANDS: dict[str, tuple[str, str]] = {
     "control-api": ("hotwire.control_api.serve", "run the control API server"),
     "vectors": ("hotwire.control_api.vectors_cli", "push, list and remove steering vectors; make one"),
+    "presets": ("hotwire.control_api.presets_cli", "store, list and remove presets (named "
+                "lists of spec entries)"),
     "slots": ("hotwire.control_api.slots_cli", "show the engine's slot table"),
     "demo": ("hotwire.engine_plugin.demo", "steered vs unsteered answers of a real chat model (SmolLM2), end to end"),
     "verify": ("hotwire.engine_plugin.verify", "check steering, batchmate exactness and cost on a model"),
@@ -47,7 +49,7 @@ def package_version() -> str:
 
 
 def exit_codes_epilog() -> str:
-    return "exit statuses of the client commands (vectors, slots):\n" + "\n".join(
+    return "exit statuses of the client commands (vectors, presets, slots):\n" + "\n".join(
         f"  {code}  {meaning}" for code, meaning in EXIT_CODES.items())
 
 

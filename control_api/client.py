@@ -103,6 +103,21 @@ class ControlClient:
     def slots(self) -> dict[str, Any]:
         return self._call("GET", "/steer/slots").json()
 
+    def store_preset(self, name: str, entries: Sequence[dict[str, Any]], *,
+                     description: str | None = None, replace: bool = False) -> dict[str, Any]:
+        body = {"name": name, "entries": list(entries), "description": description,
+                "replace": replace}
+        return self._call("POST", "/steer/presets", json=body).json()
+
+    def presets(self) -> list[dict[str, Any]]:
+        return self._call("GET", "/steer/presets").json()["presets"]
+
+    def preset(self, name: str) -> dict[str, Any]:
+        return self._call("GET", f"/steer/presets/{name}").json()
+
+    def remove_preset(self, name: str) -> None:
+        self._call("DELETE", f"/steer/presets/{name}")
+
     def _call(self, method: str, path: str, **kwargs: Any) -> httpx.Response:
         try:
             response = self._http.request(method, path, **kwargs)

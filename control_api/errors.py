@@ -6,15 +6,17 @@ what to do. Codes in use:
 =====  =========================================================================
 401    ``unauthorized``: missing or wrong bearer token on a write (or on a read, when
        ``HOTWIRE_READ_TOKEN`` is set)
-404    ``not_found``: unknown vector id or route
+404    ``not_found``: unknown vector id or route; ``unknown_preset``: unknown preset name
 405    ``method_not_allowed`` (the ``Allow`` header lists every method of the path;
        ``OPTIONS`` on a known path answers 204 with it)
-409    ``exists`` (id taken; use replace), ``startup_vector`` (id owned by the engine)
+409    ``exists`` (id taken; use replace), ``startup_vector`` (id owned by the engine),
+       ``preset_exists`` (preset name taken; use replace)
 413    ``too_large``: request body over the upload limit
 415    ``unsupported_media_type``: upload neither JSON nor multipart
-422    ``invalid_request``, ``bad_id``, ``bad_layers``, and the vector codes of
-       :class:`hotwire.shared.wire.VectorError`: ``bad_dtype``, ``bad_shape``,
-       ``bad_encoding``, ``not_finite``
+422    ``invalid_request``, ``bad_id``, ``bad_layers``, ``bad_entries`` (a preset's
+       entries do not parse as a spec; the message starts with the parser's reason), and
+       the vector codes of :class:`hotwire.shared.wire.VectorError`: ``bad_dtype``,
+       ``bad_shape``, ``bad_encoding``, ``not_finite``
 500    ``internal_error``: a bug; the traceback is logged
 503    ``no_engine``, ``engine_starting``, ``engine_unresponsive``, ``engine_restarted``,
        ``busy`` (uploads waited too long for their turn)

@@ -1,0 +1,62 @@
+"""Presets: named steering recipes kept in the catalog.
+
+A preset is a list of spec entries (the same objects a request's ``hotwire`` spec holds) under a
+name, so a request can say ``{"preset": "calm"}`` instead of spelling the entries out. It is a
+recipe: the vectors it names need not be registered when it is stored (a request that uses it
+while one is missing runs unsteered, as any spec naming an unknown id does). Entries are checked
+with the engine's own parser (:func:`hotwire.shared.spec.parse_spec`), so a preset the API
+accepts is one the engine can parse; a preset cannot name another preset.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from hotwire.shared.spec import SpecError, parse_spec
+
+from .errors import ApiError
+
+
+@dataclass(frozen=True)
+class PresetRecord:
+    """One stored preset; ``entries`` as they were posted (JSON objects), in their order."""
+
+    name: str
+    entries: tuple[dict[str, Any], ...]
+    description: str | None
+    created_at: float
+
+
+class PresetExists(Exception):
+    """``put_preset(replace=False)`` of a name the catalog holds (possibly written by another
+    replica a moment ago): the caller answers 409."""
+
+    def __init__(self, name: str):
+        super().__init__(f"preset {name!r} exists")
+        self.name = name
+
+
+def check_entries(entries: list[dict[str, Any]]) -> tuple[dict[str, Any], ...]:
+    """``entries`` if the engine would parse them as a spec, else 422 ``bad_entries`` with the
+    parser's reason and detail (the reason is the label a request's refusal is counted under)."""
+    if not entries:
+        raise ApiError(422, "bad_entries", "a preset needs at least one entry")
+    for i, entry in enumerate(entries):
+        if "preset" in entry:
+            raise ApiError(422, "bad_entries", f"entries[{i}] names preset {entry['preset']!r}: "
+                           "a preset cannot contain presets; list that preset's entries instead")
+        _parse(entry, f"entries[{i}]: ")
+    _parse(list(entries), "")
+    return tuple(entries)
+
+
+def _parse(spec: Any, where: str) -> None:
+    try:
+        parse_spec(spec)
+    except SpecError as e:
+        raise ApiError(422, "bad_entries", f"{where}{e.reason}: {e.detail}") from None
+
+
+def unknown_preset(name: str) -> ApiError:
+    return ApiError(404, "unknown_preset", f"no preset {name!r}")
