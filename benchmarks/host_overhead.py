@@ -67,7 +67,7 @@ def main() -> None:
                             max_tokens=8192, dtype=torch.bfloat16, device=device)
     registry = Registry(1024)
     for s in range(BATCH):
-        registry.bind(s, f"v{s}", ANY_LAYER, gen=1, absmax=1.0)
+        registry.bind(s, f"v{s}", ANY_LAYER, gen=1, absmax=1.0, norm=1.0)
     admission = Admission(registry, armed=range(LAYERS), entries=4, requests=2 * BATCH,
                           limit=entry_limit(torch.bfloat16), counters=Counters())
     router = Router(ArmedModel(tables, tuple(range(LAYERS))), admission)

@@ -21,6 +21,7 @@ import torch
 from hotwire.shared.spec import MAX_ENTRIES, SpecError, SteerEntry, parse_spec, spec_from_extra_args
 
 from .counters import Counters
+from .interventions import coefficient_words
 from .registry import Registry
 
 
@@ -43,7 +44,8 @@ def request_args(req: Any) -> tuple[str, dict[str, Any] | None, int]:
     return req.req_id, sp.extra_args if sp is not None else None, prompt_len
 
 
-Term = tuple[int, int, int, int, int, int]  # (layer, k, slot, lo, hi, scale's float32 bits)
+# (layer, k, slot, token window lo, hi, mode, a, clamp lo, clamp hi: :mod:`.interventions`' words)
+Term = tuple[int, int, int, int, int, int, int, int, int]
 
 
 @dataclass(frozen=True)
@@ -107,21 +109,29 @@ class Admission:
         used: dict[int, int] = {}  # entries so far per layer
         slots = set()
         for e in entries:
-            if e.layer not in self.armed:
-                raise SpecError("unarmed_layer", f"layer {e.layer} is not armed "
-                                f"(armed: {sorted(self.armed)})")
-            slot = self.registry.resolve(e.id, e.layer)
-            if slot is None:
-                raise SpecError("unknown_id", f"no vector {e.id!r} for layer {e.layer}")
+            span = e.span(prompt_len)
+            for layer in e.targets(self.armed):
+                slot = self._slot(e, layer)
+                k = used.get(layer, 0)
+                if k == self.entries:
+                    raise SpecError("too_many_entries", f"more than {self.entries} entries on layer {layer}")
+                used[layer] = k + 1
+                words = coefficient_words(e, float(self.registry.norm[slot]), self.limit)
+                terms.append((layer, k, slot, *span, *words))
+                slots.add(slot)
+        return tuple(terms), tuple(sorted(slots))
+
+    def _slot(self, e: SteerEntry, layer: int) -> int:
+        """The bank slot serving ``e`` at ``layer``, or SpecError (why it cannot run there)."""
+        if layer not in self.armed:
+            raise SpecError("unarmed_layer", f"layer {layer} is not armed (armed: {sorted(self.armed)})")
+        slot = self.registry.resolve(e.id, layer)
+        if slot is None:
+            raise SpecError("unknown_id", f"no vector {e.id!r} for layer {layer}")
+        if e.mode == "add":
             size = abs(e.scale) * float(self.registry.absmax[slot])
             if size > self.limit:
-                raise SpecError("out_of_range", f"entry {e.id!r} on layer {e.layer} adds up to "
+                raise SpecError("out_of_range", f"entry {e.id!r} on layer {layer} adds up to "
                                 f"{size:.3g} (|scale| * max|v|), over this model's limit of "
                                 f"{self.limit:.3g} per entry")
-            k = used.get(e.layer, 0)
-            if k == self.entries:
-                raise SpecError("too_many_entries", f"more than {self.entries} entries on layer {e.layer}")
-            used[e.layer] = k + 1
-            terms.append((e.layer, k, slot, *e.span(prompt_len), e.scale_bits()))
-            slots.add(slot)
-        return tuple(terms), tuple(sorted(slots))
+        return slot

@@ -96,7 +96,7 @@ class CoreSync:
         admission = Admission(registry, armed=armed, entries=cfg.entries,
                               requests=2 * int(vllm_config.scheduler_config.max_num_seqs),
                               limit=entry_limit(dtype), counters=counters)
-        pending = PendingDelta(fp.hidden, armed=tuple(armed))
+        pending = PendingDelta(fp.hidden, dtype, armed=tuple(armed))
         loaded = cls._load_startup(cfg, fp, armed, pending)
         box = cls._open_mailbox(cfg, vllm_config, fp, armed, loaded)
         counters.mailbox = box

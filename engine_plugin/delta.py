@@ -9,7 +9,8 @@ step's requests are admitted, so all of them bind the same slots at the same ste
 
 Per slot only the last change counts (a step sees the table as it is when it starts), so a delta
 is: slots to unbind, then slots to bind in the order they were bound (newest-wins per
-``(id, layer)``), each bind with its row and the row's largest magnitude.
+``(id, layer)``), each bind with its row, the row's largest magnitude and its norm once rounded
+to the model's dtype (what the bank holds: the projecting modes divide by it).
 """
 
 from __future__ import annotations
@@ -30,6 +31,7 @@ class Bind:
     layer: int
     gen: int
     absmax: float
+    norm: float
 
 
 @dataclass(frozen=True)
@@ -47,7 +49,7 @@ class SyncDelta:
         if self.binds and bank is not None:
             write_rows(bank, [b.slot for b in self.binds], self.rows)
         for b in self.binds:
-            registry.bind(b.slot, b.vector_id, b.layer, b.gen, b.absmax)
+            registry.bind(b.slot, b.vector_id, b.layer, b.gen, b.absmax, b.norm)
 
 
 @torch.inference_mode()
@@ -62,6 +64,7 @@ class PendingDelta:
     """Changes accepted since the last step, coalesced per slot (the engine core's side)."""
 
     hidden: int
+    dtype: torch.dtype  # the bank's
     armed: tuple[int, ...] | None = None
     _binds: dict[int, tuple[Bind, np.ndarray]] = field(default_factory=dict)
     _unbinds: set[int] = field(default_factory=set)
@@ -69,7 +72,8 @@ class PendingDelta:
     def bind(self, slot: int, vector_id: str, layer: int, gen: int, row: np.ndarray) -> None:
         self._binds.pop(slot, None)  # re-inserted last: binds apply in the order they were made
         self._unbinds.discard(slot)
-        self._binds[slot] = (Bind(slot, vector_id, layer, gen, float(np.abs(row).max(initial=0.0))), row)
+        norm = float(torch.tensor(row).to(self.dtype).double().norm())
+        self._binds[slot] = (Bind(slot, vector_id, layer, gen, float(np.abs(row).max(initial=0.0)), norm), row)
 
     def unbind(self, slot: int) -> None:
         self._binds.pop(slot, None)

@@ -3,8 +3,9 @@
 Slot ``s`` (0-based, as in the mailbox) is bank row ``s + 1``; row 0 is the null vector.
 Binding is newest-wins per ``(id, layer)`` so a replace can load new slots first and retire
 the old ones after; a ``(hidden,)`` vector binds under ``ANY_LAYER`` and serves every layer.
-Each slot also keeps its row's largest magnitude, so admission can refuse an entry whose
-``|scale| * max|v|`` would overflow the stream (invariant 8) without reading the bank.
+Each slot also keeps its row's largest magnitude and its norm (as the bank holds it), so
+admission can refuse an entry whose ``|scale| * max|v|`` would overflow the stream (invariant 8)
+and compute the projecting modes' coefficients without reading the bank.
 """
 
 from __future__ import annotations
@@ -24,15 +25,16 @@ class Registry:
         self.inflight = np.zeros(n_slots, dtype=np.uint32)  # steered requests holding each slot
         self.last_used_ns = np.zeros(n_slots, dtype=np.uint64)
         self.absmax = np.zeros(n_slots, dtype=np.float64)  # max |row| of each bound slot
+        self.norm = np.zeros(n_slots, dtype=np.float64)  # ‖row‖ of each bound slot, in the bank's dtype
         self.refs_changed = False  # hold/release since the references were last published
 
-    def bind(self, slot: int, vector_id: str, layer: int, gen: int, absmax: float) -> None:
+    def bind(self, slot: int, vector_id: str, layer: int, gen: int, absmax: float, norm: float) -> None:
         """Make ``slot`` the newest home of ``(vector_id, layer)``; a reused slot starts unused."""
         self.unbind(slot)
         self._where[(vector_id, layer)] = slot
         self._key[slot] = (vector_id, layer)
         self.versions[vector_id] = max(gen, self.versions.get(vector_id, 0))
-        self.absmax[slot] = absmax
+        self.absmax[slot], self.norm[slot] = absmax, norm
         self.last_used_ns[slot] = 0
         self.refs_changed = True
 

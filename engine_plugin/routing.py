@@ -44,11 +44,11 @@ class Router:
         admitted = self.admission.admit(req_id, extra_args, prompt_len)
         if admitted is None:
             return
-        route = np.zeros(self.tables.route.shape[1:], dtype=np.int32)  # [A, K, 4]
-        for layer, k, slot, lo, hi, bits in admitted.terms:
+        route = np.zeros(self.tables.route.shape[1:], dtype=np.int32)  # [A, K, 8]
+        for layer, k, slot, lo, hi, *words in admitted.terms:
             pos = self.armed.position(layer)
             if pos is not None:  # another pipeline stage's layer: that rank writes it
-                route[pos, k] = (slot + 1, lo, hi, bits)
+                route[pos, k, :7] = (slot + 1, lo, hi, *words)
         self._row_of[req_id] = admitted.row
         self._staged.append((admitted.row, route))
         self._dirty = True

@@ -36,7 +36,7 @@ def plugin_version() -> str:
         return "dev"
 
 
-_OP_SOURCES = ("steering.py", "steer_op.py", "steer_triton.py")
+_OP_SOURCES = ("steering.py", "steer_op.py", "steer_triton.py", "interventions.py")
 
 
 @functools.cache

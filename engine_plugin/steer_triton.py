@@ -1,10 +1,13 @@
 """The Triton kernel behind ``hotwire::steer`` on CUDA (contract: :mod:`.steer_op`).
 
 One program per (token, block of the hidden dim). The routing entries a program reads sit at
-the token's own index, so the bank row is the only dependent load, and it is skipped (masked)
-for entries that are off: an unsteered token reads x and its routing entries, and stores x as
-loaded (a select, not an add of zero, which compilers may fold away from ``-0.0``); a steered
-token's terms are clamped to float32's finite range and its sum saturated to the output dtype's
+the token's own index, so bank rows are the only dependent loads, skipped (masked) for entries
+that are off: an unsteered token reads x and its routing entries, and stores x as loaded (a
+select, not an add of zero, which compilers may fold away from ``-0.0``). A token with an entry
+that projects (``norm``/``ablate``/``clamp``, :mod:`.interventions`) first reduces ``h·v`` and
+``‖h‖²`` over the whole hidden dim (each program of the token does, so no program waits for
+another), reading its residual; add-only and unsteered tokens skip that pass. A steered token's
+terms are clamped to float32's finite range and its sum saturated to the output dtype's
 ``[-TOP, TOP]`` before it is rounded.
 """
 
@@ -14,45 +17,77 @@ import torch
 import triton
 import triton.language as tl
 
+from .interventions import ABLATE, CLAMP, CLAMP_HI, CLAMP_LO, COEF, MODE, NORM, POS_HI, POS_LO, ROW, WORDS
+
 
 @triton.jit
-def _steer(x_ptr, out_ptr, pos_ptr, bank_ptr, route_ptr, route_stride,
-           H: tl.constexpr, K: tl.constexpr, BLOCK: tl.constexpr, TOP: tl.constexpr, BIG: tl.constexpr):
+def _steer(x_ptr, res_ptr, out_ptr, pos_ptr, bank_ptr, route_ptr, route_stride,
+           H: tl.constexpr, K: tl.constexpr, KP: tl.constexpr, BLOCK: tl.constexpr, HAS_RES: tl.constexpr,
+           TOP: tl.constexpr, BIG: tl.constexpr):
     t = tl.program_id(0).to(tl.int64)
     cols = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)       # [BLOCK]
     x = tl.load(x_ptr + t * H + cols, mask=cols < H)
     acc = x.to(tl.float32)
     p = tl.load(pos_ptr + t)
-    entry = route_ptr + t * route_stride                        # route[t, 0, :]
-    hits = 0
+    ks = tl.arange(0, KP)                                       # [KP] entries (K, padded)
+    entry = route_ptr + t * route_stride + WORDS * ks           # route[t, k, :]
+    live = ks < K
+    rows = tl.load(entry + ROW, mask=live, other=0).to(tl.int64)
+    on = live & (p >= tl.load(entry + POS_LO, mask=live, other=0)) & (p < tl.load(entry + POS_HI, mask=live, other=0))
+    mode = tl.load(entry + MODE, mask=live, other=0)
+    coef = tl.load(entry + COEF, mask=live, other=0).to(tl.float32, bitcast=True)  # [KP] a
+    hits = tl.sum(on.to(tl.int32), axis=0)
+    projecting = on & (mode != 0)
+    if tl.sum(projecting.to(tl.int32), axis=0) > 0:
+        dot = tl.zeros([KP], dtype=tl.float32)                  # h·v per entry
+        sq = tl.zeros([BLOCK], dtype=tl.float32)                # ‖h‖², by column
+        for start in tl.static_range(0, H, BLOCK):
+            c = start + tl.arange(0, BLOCK)
+            h = tl.load(x_ptr + t * H + c, mask=c < H, other=0.0).to(tl.float32)
+            if HAS_RES:
+                h += tl.load(res_ptr + t * H + c, mask=c < H, other=0.0).to(tl.float32)
+            v = tl.load(bank_ptr + rows[:, None] * H + c[None, :],
+                        mask=projecting[:, None] & (c < H)[None, :], other=0.0).to(tl.float32)  # [KP, BLOCK]
+            dot += tl.sum(v * h[None, :], axis=1)
+            sq += h * h
+        hnorm = tl.sqrt(tl.sum(sq, axis=0))
+        lo = tl.load(entry + CLAMP_LO, mask=live, other=0).to(tl.float32, bitcast=True)
+        hi = tl.load(entry + CLAMP_HI, mask=live, other=0).to(tl.float32, bitcast=True)
+        proj = coef * dot
+        coef = tl.where(mode == NORM, coef * hnorm,
+               tl.where(mode == ABLATE, -coef * dot,
+               tl.where(mode == CLAMP, (tl.minimum(tl.maximum(proj, lo), hi) - proj) * coef, coef)))
+        coef = tl.where(coef == coef, coef, 0.0)                # NaN (an overflowed h·v): no change
+        coef = tl.minimum(tl.maximum(coef, -BIG), BIG)
     for k in tl.static_range(K):
-        row = tl.load(entry + 4 * k).to(tl.int64)
-        lo = tl.load(entry + 4 * k + 1)
-        hi = tl.load(entry + 4 * k + 2)
-        scale = tl.load(entry + 4 * k + 3).to(tl.float32, bitcast=True)
-        on = (p >= lo) & (p < hi)
-        hits += on.to(tl.int32)
-        width = tl.where(on, H, 0)                              # off: the row is not read, v = 0
+        pick = ks == k
+        on_k = tl.sum((on & pick).to(tl.int32), axis=0) > 0
+        row = tl.sum(tl.where(pick, rows, 0), axis=0)
+        c_k = tl.sum(tl.where(pick, coef, 0.0), axis=0)
+        width = tl.where(on_k, H, 0)                            # off: the row is not read, v = 0
         v = tl.load(bank_ptr + row * H + cols, mask=cols < width, other=0.0).to(tl.float32)
-        acc += tl.minimum(tl.maximum(v * scale, -BIG), BIG)  # finite terms: never inf - inf
+        acc += tl.minimum(tl.maximum(v * c_k, -BIG), BIG)       # finite terms: never inf - inf
     acc = tl.minimum(tl.maximum(acc, -TOP), TOP)
     # a token with no entry on is stored as loaded: every bit, signed zeros included
     out = tl.where(hits > 0, acc.to(out_ptr.dtype.element_ty), x)
     tl.store(out_ptr + t * H + cols, out, mask=cols < H)
 
 
-def launch(x: torch.Tensor, positions: torch.Tensor, bank: torch.Tensor, route: torch.Tensor) -> torch.Tensor:
-    # x: [T, H]; positions: [T]; bank: [S+1, H]; route: [N>=T, K, 4] int32, a strided view
+def launch(x: torch.Tensor, residual: torch.Tensor | None, positions: torch.Tensor, bank: torch.Tensor,
+           route: torch.Tensor) -> torch.Tensor:
+    # x, residual: [T, H]; positions: [T]; bank: [S+1, H]; route: [N>=T, K, 8] int32, a strided view
     x, positions = x.contiguous(), positions.contiguous()  # no-ops here
-    if route.stride(1) != 4 or route.stride(2) != 1:
+    residual = residual.contiguous() if residual is not None else None
+    if route.stride(1) != WORDS or route.stride(2) != 1:
         route = route.contiguous()
     out = torch.empty_like(x)
     n, h = x.shape
     if n == 0:
         return out
+    k = route.shape[1]
     block = min(1024, triton.next_power_of_2(h))
-    _steer[(n, triton.cdiv(h, block))](x, out, positions, bank, route, route.stride(0),
-                                       H=h, K=route.shape[1], BLOCK=block,
-                                       TOP=torch.finfo(x.dtype).max, BIG=torch.finfo(torch.float32).max,
-                                       num_warps=4)
+    _steer[(n, triton.cdiv(h, block))](x, x if residual is None else residual, out, positions, bank, route,
+                                       route.stride(0), H=h, K=k, KP=triton.next_power_of_2(k), BLOCK=block,
+                                       HAS_RES=residual is not None, TOP=torch.finfo(x.dtype).max,
+                                       BIG=torch.finfo(torch.float32).max, num_warps=4)
     return out

@@ -2,9 +2,10 @@
 
 At the end of armed layer ``L`` every token ``t`` of request ``r`` gets
 
-    h_L[t] += sum_k  coef[r, L, k] * bank[slot[r, L, k]]     for k with lo <= pos[t] < hi
+    h_L[t] += sum_k  c_k(h_L[t]) * bank[slot[r, L, k]]     for k with lo <= pos[t] < hi
 
-on the residual stream. The add is one opaque custom op (``hotwire::steer``, :mod:`.steer_op`):
+on the residual stream, ``c_k`` being the entry's mode coefficient (:mod:`.interventions`:
+its scale for an add, from ``h·v`` and ``‖h‖`` for the projecting modes). The add is one opaque custom op (``hotwire::steer``, :mod:`.steer_op`):
 torch.compile traces it without a graph break, inductor leaves it a kernel of its own, and the
 kernels around it are generated exactly as without the plugin. All state lives in buffers
 allocated once, before compile and CUDA-graph capture; steering on/off and vector changes are
@@ -27,6 +28,7 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
+from .interventions import WORDS
 from .steer_op import steer
 
 _LAYER_INDEX = re.compile(r"(?:^|\.)layers\.(\d+)$")
@@ -38,15 +40,16 @@ class SteeringTables(nn.Module):
     Shapes (S slots, H hidden, A armed layers, R request rows, K entries, N max tokens)::
 
         bank      [S+1, H]          model dtype   row 0 = zeros
-        route     [R+1, A, K, 4]    int32         (bank row, lo, hi, scale's float32 bits) per
-                                                  entry; request row 0 = null (all zeros)
+        route     [R+1, A, K, 8]    int32         an entry's words (:mod:`.interventions`: bank
+                                                  row, token window, mode and its float32
+                                                  coefficients); request row 0 = null (all zeros)
         tok_row   [N]               int32         request row of each token of the current step
-        tok_route [N, A, K, 4]      int32         route[tok_row]: what the op reads
+        tok_route [N, A, K, 8]      int32         route[tok_row]: what the op reads
 
     Both are row-major in the leading index, so admitting requests is one ``index_copy_`` of whole
     rows and a batch change one ``index_select`` straight into ``tok_route``: the fewest launches
     on the host path, which a host-bound served engine pays on most steps. A layer's slice
-    (:meth:`layer`) is a strided view; an entry's four words are 16-byte aligned.
+    (:meth:`layer`) is a strided view; an entry's eight words are 32-byte aligned.
     """
 
     def __init__(self, *, slots: int, hidden: int, armed: int, requests: int, entries: int,
@@ -57,9 +60,9 @@ class SteeringTables(nn.Module):
             self.register_buffer(name, torch.zeros(*shape, dtype=dtype, device=device), persistent=False)
 
         buf("bank", slots + 1, hidden, dtype=dtype)
-        buf("route", requests + 1, armed, entries, 4)
+        buf("route", requests + 1, armed, entries, WORDS)
         buf("tok_row", max_tokens)
-        buf("tok_route", max_tokens, armed, entries, 4)
+        buf("tok_route", max_tokens, armed, entries, WORDS)
 
     @property
     def nbytes(self) -> int:
@@ -70,15 +73,17 @@ class SteeringTables(nn.Module):
         torch.index_select(self.route, 0, self.tok_row[:n], out=self.tok_route[:n])
 
     def layer(self, pos: int) -> torch.Tensor:
-        """Armed layer ``pos``'s per-token entries: a view ``[N, K, 4]``."""
+        """Armed layer ``pos``'s per-token entries: a view ``[N, K, 8]``."""
         return self.tok_route[:, pos]
 
-    def forward(self, x: torch.Tensor, positions: torch.Tensor, route: torch.Tensor) -> torch.Tensor:
-        # x: [T, H] the layer's output (an addend of the stream); positions: [T] (or [3, T] for M-RoPE);
-        # route: [N, K, 4], the layer's slice of tok_route
+    def forward(self, x: torch.Tensor, residual: torch.Tensor | None, positions: torch.Tensor,
+                route: torch.Tensor) -> torch.Tensor:
+        # x: [T, H] the layer's output (an addend of the stream); residual: [T, H] the other addend
+        # (None: x is the stream); positions: [T] (or [3, T] for M-RoPE); route: [N, K, 8], the
+        # layer's slice of tok_route
         if positions.dim() == 2:
             positions = positions[0]
-        return steer(x, positions[: x.shape[0]], self.bank, route)
+        return steer(x, residual, positions[: x.shape[0]], self.bank, route)
 
 
 @dataclass(frozen=True)
@@ -129,15 +134,16 @@ def _steered_class(base: type) -> type:
         out = base.forward(self, *args, **kwargs)
         positions = kwargs["positions"] if "positions" in kwargs else args[at]
         if isinstance(out, tuple) and len(out) == 2 and out[1] is not None:
-            # vLLM's fused pair: the stream is hidden + residual. Steer ``hidden``, the layer's
+            # vLLM's fused pair: the stream is hidden + residual. Write ``hidden``, the layer's
             # own output (in most families the MLP's down projection, a GEMM result that every
             # compiled graph materialises), never ``residual``: inductor may keep the residual sum
             # unmaterialised in float32 and recompute it inside the next norm kernel, and an op
-            # reading it would force a rounded bf16 copy, moving unsteered tokens' logprobs.
+            # writing it would force a rounded copy, moving unsteered tokens' logprobs. The
+            # residual is read (the projecting modes need the stream), never written.
             hidden, residual = out
-            return self.hotwire(hidden, positions, self.hotwire_route), residual
+            return self.hotwire(hidden, residual, positions, self.hotwire_route), residual
         if isinstance(out, torch.Tensor):
-            return self.hotwire(out, positions, self.hotwire_route)
+            return self.hotwire(out, None, positions, self.hotwire_route)
         raise TypeError(f"{base.__name__} returns {type(out).__name__}; cannot steer it")
 
     return type(f"Steered{base.__name__}", (base,), {"forward": forward, "__module__": __name__})

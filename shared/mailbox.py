@@ -78,6 +78,9 @@ COUNTERS = (
     "mailbox_rejected",  # directory entries refused as corrupt (bad state, id, layer or row)
     "mailbox_errors",  # the mailbox file became unreadable (truncated, removed); sync stopped
     "unsteered_too_large",  # the spec's text is longer than a spec may be
+    "unsteered_bad_params",  # a mode's parameters contradict each other (a clamp with lo > hi)
+    "unsteered_zero_vector",  # a projecting mode (norm, ablate, clamp) named a zero vector
+    "unsteered_preset_unresolved",  # a {"preset": ...} item reached the engine unexpanded
 )
 COUNTER_INDEX = {name: i for i, name in enumerate(COUNTERS)}
 

@@ -7,7 +7,12 @@ Wire format (compatible with the original hotwire): ``extra_args["hotwire"]`` is
 
 Additions: several entries on one layer add up; ``scale`` is any float finite in float32 and costs no
 table space; ``positions`` picks tokens: ``"all"`` (default), ``"prompt"``, ``"generated"``
-(same as ``decode_only``) or ``[start, end)`` absolute token positions.
+(same as ``decode_only``) or ``[start, end)`` absolute token positions; ``layers`` (a list, or
+``"all"``: every armed layer) instead of ``layer`` applies one entry at many layers; ``mode`` says
+what the entry does to the stream (:data:`MODES`, default ``"add"``: the original wire format),
+``lo``/``hi`` bound a ``clamp``. The formulas are in :mod:`hotwire.engine_plugin.interventions`.
+An item ``{"preset": name}`` names a preset, which the OpenAI server expands before the engine
+sees the request; the engine refuses one that reaches it (``preset_unresolved``).
 
 Parsing never raises past :func:`parse_spec` except :class:`SpecError`, whose ``reason`` is a
 short stable code used as a metric label. Callers run such requests unsteered.
@@ -28,9 +33,10 @@ import struct
 import sys
 import threading
 from collections import OrderedDict
-from typing import Any, Literal, Union
+from typing import Annotated, Any, Literal, Union
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+from pydantic_core import PydanticCustomError
 
 SPEC_KEY = "hotwire"
 MAX_ENTRIES = 16
@@ -47,6 +53,25 @@ _ID_RE = re.compile(ID_PATTERN)
 _F32 = struct.Struct("<f")  # the op computes in float32: a scale is stored as its float32 bits
 
 Positions = Union[Literal["all", "prompt", "generated"], tuple[int, int]]
+Mode = Literal["add", "norm", "ablate", "clamp"]
+MODES: tuple[str, ...] = ("add", "norm", "ablate", "clamp")
+PROJECTION_MODES = frozenset({"norm", "ablate", "clamp"})  # need the stream h, and v's direction
+MAX_PROJECTION_SCALE = 64.0  # |scale| of norm/ablate: past it an entry only saturates the stream
+
+
+def _f32_finite(v: float, what: str) -> float:
+    try:
+        if math.isfinite(v):
+            _F32.pack(v)  # OverflowError where float32 rounds it to infinity
+            return v
+    except OverflowError:
+        pass
+    raise ValueError(f"{what} must be finite in float32 (|{what}| < 3.4e38)")
+
+
+def f32_bits(v: float) -> int:
+    """``v`` rounded to float32, as the int32 with the same bits (a route-table word)."""
+    return int.from_bytes(_F32.pack(v), "little", signed=True)
 
 
 class SpecError(ValueError):
@@ -59,26 +84,29 @@ class SpecError(ValueError):
 
 
 class SteerEntry(BaseModel):
-    """One ``h_L += scale * v_L`` term of a request."""
+    """One intervention of a request: a vector, where (layers, tokens) and what (mode)."""
 
     model_config = ConfigDict(extra="forbid", frozen=True, strict=False)
 
     id: str = Field(pattern=ID_PATTERN)
-    layer: int = Field(ge=0)
+    layer: int | None = Field(None, ge=0)
+    layers: tuple[Annotated[int, Field(ge=0)], ...] | Literal["all"] | None = None
+    mode: Mode = "add"
     scale: float = 1.0
+    lo: float | None = None
+    hi: float | None = None
     decode_only: bool = False
     positions: Positions = "all"
 
     @field_validator("scale")
     @classmethod
     def _finite(cls, v: float) -> float:
-        try:
-            if math.isfinite(v):
-                _F32.pack(v)  # OverflowError where float32 rounds it to infinity
-                return v
-        except OverflowError:
-            pass
-        raise ValueError("scale must be finite in float32 (|scale| < 3.4e38)")
+        return _f32_finite(v, "scale")
+
+    @field_validator("lo", "hi")
+    @classmethod
+    def _finite_bound(cls, v: float | None, info) -> float | None:
+        return None if v is None else _f32_finite(v, info.field_name)
 
     @field_validator("positions")
     @classmethod
@@ -87,10 +115,32 @@ class SteerEntry(BaseModel):
             raise ValueError("positions range must satisfy 0 <= start < end")
         return v
 
+    @field_validator("layers")
+    @classmethod
+    def _layer_list(cls, v):
+        if isinstance(v, tuple):
+            if not v:
+                raise ValueError("layers must name at least one layer")
+            if len(set(v)) != len(v):
+                raise ValueError("layers must not repeat a layer")
+        return v
+
     @model_validator(mode="after")
-    def _decode_only(self) -> "SteerEntry":
+    def _consistent(self) -> "SteerEntry":
+        if (self.layer is None) == (self.layers is None):
+            raise ValueError("give exactly one of layer and layers")
         if self.decode_only and self.positions not in ("all", "generated"):
             raise ValueError("decode_only conflicts with positions")
+        if self.mode == "clamp":
+            if self.lo is None and self.hi is None:
+                raise ValueError("clamp needs lo, hi or both")
+            if self.lo is not None and self.hi is not None and self.lo > self.hi:
+                raise PydanticCustomError("bad_params", "clamp needs lo <= hi, got lo={lo} > hi={hi}",
+                                          {"lo": self.lo, "hi": self.hi})
+        elif self.lo is not None or self.hi is not None:
+            raise ValueError(f"lo and hi bound a clamp; mode is {self.mode!r}")
+        if self.mode in ("norm", "ablate") and abs(self.scale) > MAX_PROJECTION_SCALE:
+            raise ValueError(f"{self.mode} scale must be within +-{MAX_PROJECTION_SCALE:g}")
         return self
 
     @property
@@ -98,9 +148,15 @@ class SteerEntry(BaseModel):
         """Effective token selector (``decode_only`` folded into ``positions``)."""
         return "generated" if self.decode_only else self.positions
 
+    def targets(self, armed: frozenset[int] | set[int]) -> tuple[int, ...]:
+        """The decoder layers this entry applies at: ``layers: "all"`` means every armed layer."""
+        if self.layer is not None:
+            return (self.layer,)
+        return tuple(sorted(armed)) if self.layers == "all" else self.layers  # type: ignore[return-value]
+
     def scale_bits(self) -> int:
         """The scale rounded to float32, as the int32 with the same bits (a route-table word)."""
-        return int.from_bytes(_F32.pack(self.scale), "little", signed=True)
+        return f32_bits(self.scale)
 
     def span(self, prompt_len: int) -> tuple[int, int]:
         """Absolute position interval ``[lo, hi)`` this entry steers for a prompt of that length."""
@@ -114,9 +170,19 @@ class SteerEntry(BaseModel):
         return where  # type: ignore[return-value]
 
     def canonical(self) -> dict[str, Any]:
+        """Equal steering, equal form; an add on one layer keeps the original form (and salts)."""
         where = self.where
-        return {"id": self.id, "layer": self.layer, "scale": self.scale,
-                "positions": list(where) if isinstance(where, tuple) else where}
+        form: dict[str, Any] = {"id": self.id, "scale": self.scale,
+                                "positions": list(where) if isinstance(where, tuple) else where}
+        if self.layer is not None:
+            form["layer"] = self.layer
+        else:
+            form["layers"] = self.layers if self.layers == "all" else list(self.layers)
+        if self.mode != "add":
+            form["mode"] = self.mode
+        if self.mode == "clamp":
+            form["lo"], form["hi"] = self.lo, self.hi
+        return form
 
 
 def parse_spec(raw: Any) -> tuple[SteerEntry, ...]:
@@ -205,12 +271,16 @@ def _parse_items(raw: Any) -> tuple[SteerEntry, ...]:
     for item in items:
         if not isinstance(item, dict):
             raise SpecError("malformed", f"entry must be an object, got {type(item).__name__}")
+        if "preset" in item:
+            raise SpecError("preset_unresolved", f"preset {item['preset']!r} reached the engine unexpanded "
+                            "(presets are expanded by hotwire in vLLM's OpenAI server)")
         try:
             entries.append(SteerEntry.model_validate(item))
         except ValidationError as e:
             first = e.errors()[0]
             loc = ".".join(str(p) for p in first["loc"]) or "entry"
-            raise SpecError("malformed", f"{loc}: {first['msg']}") from None
+            reason = "bad_params" if first["type"] == "bad_params" else "malformed"
+            raise SpecError(reason, f"{loc}: {first['msg']}") from None
     return tuple(entries)
 
 

@@ -69,6 +69,7 @@ def vectors_dir(tmp_path_factory, vectors) -> Path:
     nan[3] = np.nan
     (d / "hasnan.safetensors").write_bytes(encode_safetensors(nan))
     (d / "garbage.safetensors").write_bytes(b"not a safetensors file")
+    (d / "zero.safetensors").write_bytes(encode_safetensors(np.zeros(HIDDEN, np.float32)))  # no direction
     return d
 
 

@@ -54,7 +54,7 @@ class Rig:
         registry = Registry(SLOTS)
         admission = Admission(registry, armed=ARMED, entries=ENTRIES, requests=REQUESTS,
                               limit=entry_limit(torch.float32), counters=self.counters)
-        self.core = CoreSync(box, PendingDelta(H, armed=ARMED), registry, admission, self.counters)
+        self.core = CoreSync(box, PendingDelta(H, torch.float32, armed=ARMED), registry, admission, self.counters)
         self.rank = make_rank(device)
         self.tables, self.router = self.rank.tables, self.rank.router
         self.control = ControlMailbox.attach(str(tmp_path / "e.mbx"))

@@ -11,7 +11,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from conftest import CPU_ENGINE, engine_env, requires_vllm, run_engine
+from conftest import CPU_ENGINE, LAYERS, engine_env, requires_vllm, run_engine
 
 pytestmark = [requires_vllm, pytest.mark.vllm]
 
@@ -38,6 +38,19 @@ BAD_SPECS = {  # spec -> the reason it is counted under
     '[{"id": "boost", "layer": 1}, {"id": "a", "layer": 1}, {"id": "b", "layer": 1}, '
     '{"id": "boost", "layer": 1}, {"id": "a", "layer": 1}]': "unsteered_too_many_entries",
 }
+MODE_SPECS = {  # every mode, alone, on many layers, and stacked on one layer with an add
+    "ablate": {"id": "boost", "layer": 1, "mode": "ablate"},
+    "norm_layers": {"id": "a", "layers": [0, 2], "mode": "norm", "scale": 0.5},
+    "clamp_all": {"id": "boost", "layers": "all", "mode": "clamp", "lo": -0.5, "hi": 0.5, "positions": "generated"},
+    "stacked": [{"id": "a", "layer": 2, "mode": "ablate"}, {"id": "b", "layer": 2, "mode": "norm", "scale": -0.4},
+                {"id": "layered", "layer": 2, "scale": 0.5},
+                {"id": "boost", "layer": 3, "mode": "clamp", "lo": 2.0, "hi": 2.0, "positions": [2, 40]}],
+}
+BAD_SPECS.update({
+    '{"id": "boost", "layer": 1, "mode": "clamp", "lo": 1, "hi": 0}': "unsteered_bad_params",
+    '{"id": "zero", "layer": 1, "mode": "ablate"}': "unsteered_zero_vector",
+    '[{"id": "boost", "layer": 1}, {"preset": "calm"}]': "unsteered_preset_unresolved",
+})
 MAX_TOKENS = 10
 
 
@@ -58,6 +71,9 @@ def _rounds(tok) -> dict[str, list[dict]]:
         "cache_steered": [req(CACHED, {"id": "boost", "layer": 0, "scale": 2.0})],
         "cache_plain": [req(CACHED)],
         "cache_steered_again": [req(CACHED, {"id": "boost", "layer": 0, "scale": 2.0})],
+        "modes": [req(SHORT[0], MODE_SPECS["ablate"]), req(SHORT[1]), req(SHORT[2], MODE_SPECS["norm_layers"]),
+                  req(LONG, MODE_SPECS["clamp_all"]), req(SHORT[3], MODE_SPECS["stacked"])],
+        "modes_alone": [req(SHORT[3], MODE_SPECS["stacked"])],
     }
 
 
@@ -136,6 +152,16 @@ def test_steered_output_same_alone_and_in_batch(steered):
         np.testing.assert_allclose(other["logprobs"], alone["logprobs"], atol=1e-4)
 
 
+def test_every_mode_steers_and_is_the_same_alone_and_in_batch(steered, plugin_free, rounds):
+    """Each mode changes what its request computes; the stacked one is the same alone (invariant 2)."""
+    for i, req in enumerate(rounds["modes"]):
+        if _is_steered(req):
+            assert steered[0]["modes"][i]["logprobs"] != plugin_free[0]["modes"][i]["logprobs"], i
+    alone, batched = steered[0]["modes_alone"][0], steered[0]["modes"][4]
+    assert alone["tokens"] == batched["tokens"]
+    np.testing.assert_allclose(alone["logprobs"], batched["logprobs"], atol=1e-4)
+
+
 def test_two_entries_on_a_layer_add_up(steered):
     stacked, summed = steered[0]["stack"][0], steered[0]["summed"][0]
     assert stacked["tokens"] == summed["tokens"]
@@ -178,9 +204,28 @@ def test_prefix_cache_never_mixes_steering_configs(steered, plugin_free):
 
 # -- the math, against transformers ------------------------------------------------------------
 
+def _hf_change(h, vec, e):
+    """What entry ``e`` adds to the stream ``h [T, H]`` (DESIGN.md's formula for its mode)."""
+    import torch
+
+    v = torch.from_numpy(vec).to(h.dtype)
+    u = v / v.norm()
+    proj = (h @ u)[:, None]  # [T, 1]
+    if e.mode == "add":
+        return e.scale * v.expand_as(h)
+    if e.mode == "norm":
+        return e.scale * h.norm(dim=-1, keepdim=True) * u
+    if e.mode == "ablate":
+        return -e.scale * proj * u
+    lo = -torch.inf if e.lo is None else e.lo
+    hi = torch.inf if e.hi is None else e.hi
+    return (proj.clamp(lo, hi) - proj) * u
+
+
 def _hf_greedy(model, prompt_ids, n_new, terms):
-    """Greedy decode with forward hooks adding ``scale * v`` at the end of each layer, on the
-    absolute positions ``[lo, hi)`` of each term. ``terms``: [(layer, vec [H], scale, lo, hi)]."""
+    """Greedy decode with forward hooks at the end of each layer applying each term's mode on the
+    absolute positions ``[lo, hi)``; all terms of a layer read the layer's own output stream.
+    ``terms``: [(layer, vec [H], entry, lo, hi)]."""
     import torch
 
     handles = []
@@ -191,9 +236,9 @@ def _hf_greedy(model, prompt_ids, n_new, terms):
             h = out[0] if isinstance(out, tuple) else out
             pos = torch.arange(h.shape[1])
             add = torch.zeros_like(h[0])
-            for _, vec, scale, lo, hi in mine:
+            for _, vec, e, lo, hi in mine:
                 mask = ((pos >= lo) & (pos < hi)).to(h.dtype)[:, None]
-                add = add + mask * (scale * torch.from_numpy(vec))
+                add = add + mask * _hf_change(h[0], vec, e)
             h = h + add
             return (h, *out[1:]) if isinstance(out, tuple) else h
 
@@ -219,8 +264,9 @@ def _terms(spec, vectors, prompt_len):
     out = []
     for e in parse_spec(spec):
         vec = vectors[e.id]
-        row = vec[e.layer] if vec.ndim == 2 else vec
-        out.append((e.layer, row, e.scale, *e.span(prompt_len)))
+        for layer in e.targets(set(range(LAYERS))):
+            row = vec[layer] if vec.ndim == 2 else vec
+            out.append((layer, row, e, *e.span(prompt_len)))
     return out
 
 
@@ -232,9 +278,10 @@ def hf_model(tiny_model):
     return AutoModelForCausalLM.from_pretrained(str(tiny_model), torch_dtype=torch.float32).eval()
 
 
-@pytest.mark.parametrize("name", ["alone", "stack", "positions", "mixed", "crowd"])
+@pytest.mark.parametrize("name", ["alone", "stack", "positions", "mixed", "crowd", "modes"])
 def test_math_matches_transformers_hook(name, steered, rounds, vectors, hf_model):
-    """Invariant 3: ``h_L += scale * v_L`` on the residual stream, on the chosen positions."""
+    """Invariant 3: each entry's mode applied to the residual stream (``h_L += scale * v_L`` for an
+    add), on the chosen positions and layers."""
     checked = 0
     for i, req in enumerate(rounds[name]):
         if not _is_steered(req):

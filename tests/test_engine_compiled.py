@@ -15,6 +15,8 @@ pytestmark = [requires_vllm, pytest.mark.vllm, pytest.mark.slow]
 
 PROMPTS = ["The quick brown fox", "Paris is the capital of", "Once upon a time, a small"]
 SPECS = [None, {"id": "boost", "layer": 1, "scale": 2.0}, None, {"id": "layered", "layer": 2},
+         [{"id": "boost", "layers": [1, 2], "mode": "ablate", "scale": 2.0},  # the projecting modes
+          {"id": "a", "layer": 2, "mode": "clamp", "lo": 4.0}, {"id": "b", "layer": 1, "mode": "norm", "scale": 1.0}],
          {"id": "boost", "layer": 3}]  # last: an unarmed layer
 
 
@@ -49,7 +51,7 @@ def test_compiled_unsteered_bit_exact_and_steering_fires(runs):
     for r, spec in enumerate(SPECS):
         for i in range(len(PROMPTS)):
             got, want = runs[True]["rounds"][r][i], runs[False]["rounds"][r][i]
-            steered = i == 0 and spec is not None and spec["layer"] in (1, 2)
+            steered = i == 0 and spec is not None and r != len(SPECS) - 1
             if steered:
                 assert got["tokens"] != want["tokens"], (r, i)
             else:

@@ -71,6 +71,8 @@ def _rounds():
     s0 = {"id": "v0", "layer": 2, "scale": 4.0}
     s1 = [{"id": "v1", "layer": 1, "scale": 3.0}, {"id": "layered", "layer": 4, "scale": 2.0}]
     s2 = {"id": "v2", "layer": 3, "scale": -4.0, "decode_only": True}
+    s3 = [{"id": "v0", "layer": 2, "mode": "ablate"}, {"id": "v1", "layers": [1, 3], "mode": "norm", "scale": 0.3}]
+    s4 = {"id": "v2", "layers": "all", "mode": "clamp", "lo": -0.5, "hi": 0.5}
 
     def w(r, spec):
         return {**r, "spec": spec}
@@ -83,7 +85,9 @@ def _rounds():
         "plain_again": [a, b, c, long_],
         "cache_steered": [w(cached, s0)],
         "cache_plain": [cached],
-        "decode_batch": [w(req(16), s1 if i % 2 else s0) if i % 3 else req(16) for i in range(24)],
+        "decode_batch": [w(req(16), (s0, s1, s3, s4)[i % 4]) if i % 3 else req(16) for i in range(24)],
+        "modes": [w(a, s3), w(b, s4), c, long_],
+        "modes_swapped": [w(a, s3), b, w(c, s4), long_],  # same shapes, other batchmates
     }
 
 
@@ -126,7 +130,7 @@ def test_unsteered_bit_exact_with_plugin_free(runs):
 
 
 def test_steering_fires(runs):
-    for name in ("alone", "crowd", "cache_steered"):
+    for name in ("alone", "crowd", "cache_steered", "modes"):
         for i, req in enumerate(ROUNDS[name]):
             if _steered(req):
                 assert runs[True][0][name][i]["tokens"] != runs[False][0][name][i]["tokens"], (name, i)
@@ -136,6 +140,7 @@ def test_steered_request_ignores_batchmates(runs):
     """Same batch shape, batchmates steered differently: the request is bit-identical."""
     r = runs[True][0]
     assert r["crowd"][0] == r["crowd_swapped"][0]
+    assert r["modes"][0] == r["modes_swapped"][0]  # projecting modes too
 
 
 def test_steered_alone_and_in_batch(runs):

@@ -42,7 +42,7 @@ def test_admit_writes_one_request_row_and_holds_its_slots(rig):
     rig.router.commit()
     tables, row = rig.tables, rig.router.active["r1"].row
     assert tables.route[row, 1, :, :3].tolist() == [[1, 0, 5], [1, 0, 2**31 - 1]]
-    assert tables.route[row, 1, :, 3].view(torch.float32).tolist() == [2.0, -1.0]
+    assert tables.route[row, 1, :, 4].view(torch.float32).tolist() == [2.0, -1.0]
     assert tables.route[row, 0].abs().sum() == 0  # layer 1 untouched
     assert rig.registry.inflight[0] == 1 and rig.core.registry.inflight[0] == 1
     assert rig.counters.counts["steered_requests"] == 1 and int(rig.control.engine["inflight"][0]) == 1
@@ -113,7 +113,7 @@ def test_reused_row_with_the_same_token_map_is_copied_again(rig):
     assert router.active["b"].row == row
     router.route(["b"], np.array([3]))
     assert torch.equal(tables.tok_route[:3], tables.route[row].expand(3, -1, -1, -1))
-    assert tables.tok_route[:3, ..., 3].view(torch.float32).min() == -3.0
+    assert tables.tok_route[:3, ..., 4].view(torch.float32).min() == -3.0
 
 
 def test_retirement_is_acked_only_with_current_refs(rig):
@@ -238,8 +238,8 @@ def test_ranks_of_a_pipeline_write_the_entries_of_their_own_layers(tmp_path):
         rank.router.commit()
         assert "r" in rank.router.active
     row = first.router.active["r"].row
-    assert first.tables.route[row, 0, 0, 3].view(torch.float32).item() == 2.0
-    assert second.tables.route[row, 0, 0, 3].view(torch.float32).item() == 3.0
+    assert first.tables.route[row, 0, 0, 4].view(torch.float32).item() == 2.0
+    assert second.tables.route[row, 0, 0, 4].view(torch.float32).item() == 3.0
 
 
 @pytest.mark.gpu
@@ -267,4 +267,4 @@ def test_host_path_only_enqueues_work_behind_a_busy_gpu(tmp_path):
     assert busy > 0.3 and host < busy / 10, (host, busy)
     assert torch.equal(tables.bank[3].cpu(), torch.from_numpy(row * 2))
     assert tables.tok_route[:5, 1, 0, :3].tolist() == [[0, 0, 0], [0, 0, 0], *[[3, 0, 2**31 - 1]] * 3]
-    assert tables.tok_route[:5, 1, 0, 3].view(torch.float32).tolist() == [0, 0, 2.0, 2.0, 2.0]
+    assert tables.tok_route[:5, 1, 0, 4].view(torch.float32).tolist() == [0, 0, 2.0, 2.0, 2.0]

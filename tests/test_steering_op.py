@@ -7,6 +7,7 @@ import pytest
 import torch
 from torch import nn
 
+from hotwire.engine_plugin.interventions import ABLATE, ADD, CLAMP, NORM
 from hotwire.engine_plugin.steer_op import reference
 from hotwire.engine_plugin.steering import SteeringTables, arm, decoder_layers
 from hotwire.shared.spec import NO_END
@@ -14,9 +15,14 @@ from hotwire.shared.spec import NO_END
 H = 16
 
 
-def _entry(row: int, lo: int, hi: int, scale: float) -> torch.Tensor:
-    """One routing entry: (bank row, lo, hi, the scale's float32 bits)."""
-    return torch.tensor([row, lo, hi, torch.tensor(scale).view(torch.int32).item()], dtype=torch.int32)
+def _bits(v: float) -> int:
+    return torch.tensor(v, dtype=torch.float32).view(torch.int32).item()
+
+
+def _entry(row: int, lo: int, hi: int, scale: float, mode: int = ADD, clo: float = 0.0,
+           chi: float = 0.0) -> torch.Tensor:
+    """One routing entry: (bank row, lo, hi, mode, a, clamp lo, clamp hi, 0), floats as bits."""
+    return torch.tensor([row, lo, hi, mode, _bits(scale), _bits(clo), _bits(chi), 0], dtype=torch.int32)
 
 
 def _tables(requests=4, entries=2, armed=2):
@@ -31,7 +37,7 @@ def test_unsteered_tokens_are_returned_bit_for_bit():
     t = _tables()
     x = torch.randn(5, H)
     x[0, :3] = torch.tensor([-0.0, 0.0, 1e-38])  # signed zeros and denormals survive too
-    out = t(x, torch.arange(5), t.layer(0))
+    out = t(x, torch.randn(5, H), torch.arange(5), t.layer(0))
     assert torch.equal(out, x) and torch.equal(torch.signbit(out), torch.signbit(x))
 
 
@@ -43,7 +49,7 @@ def test_entries_add_scaled_rows_on_their_positions_only():
     t.tok_row[:6] = torch.tensor([0, 1, 1, 1, 1, 0], dtype=torch.int32)  # tokens 1-4 belong to request row 1
     t.load_tokens(6)
     x, pos = torch.randn(6, H), torch.tensor([9, 0, 1, 2, 3, 4])
-    out = t(x, pos, t.layer(0))
+    out = t(x, None, pos, t.layer(0))
     want = x.clone()
     for tok in range(1, 5):
         want[tok] += 1.5 * t.bank[3]
@@ -51,7 +57,99 @@ def test_entries_add_scaled_rows_on_their_positions_only():
             want[tok] += -2.0 * t.bank[5]
     torch.testing.assert_close(out, want, rtol=0, atol=1e-6)
     assert torch.equal(out[0], x[0]) and torch.equal(out[5], x[5])
-    assert torch.equal(t(x, pos, t.layer(1)), x)  # the other armed layer has no entries
+    assert torch.equal(t(x, None, pos, t.layer(1)), x)  # the other armed layer has no entries
+
+
+def _mode_entry(spec: dict, row: int, bank: torch.Tensor) -> torch.Tensor:
+    """The route entry admission writes for ``spec`` on bank row ``row``."""
+    from hotwire.engine_plugin.interventions import coefficient_words
+    from hotwire.shared.spec import parse_spec
+
+    (e,) = parse_spec({"id": "v", "layer": 0, **spec})
+    mode, a, lo, hi = coefficient_words(e, float(bank[row].double().norm()), limit=1e30)
+    return torch.tensor([row, 0, NO_END, mode, a, lo, hi, 0], dtype=torch.int32)
+
+
+def _stream_case(seed=1):
+    g = torch.Generator().manual_seed(seed)
+    x, res = torch.randn(4, H, generator=g), 3 * torch.randn(4, H, generator=g)
+    bank = torch.zeros(3, H)
+    bank[1], bank[2] = 2 * torch.randn(H, generator=g), torch.randn(H, generator=g)
+    return x, res, bank
+
+
+@pytest.mark.parametrize("spec,want", [
+    ({"mode": "add", "scale": 0.5}, lambda h, v, u: h + 0.5 * v),
+    ({"mode": "norm", "scale": 0.25}, lambda h, v, u: h + 0.25 * h.norm(dim=-1, keepdim=True) * u),
+    ({"mode": "ablate"}, lambda h, v, u: h - (h @ u)[:, None] * u),
+    ({"mode": "ablate", "scale": 0.5}, lambda h, v, u: h - 0.5 * (h @ u)[:, None] * u),
+    ({"mode": "clamp", "lo": -0.5, "hi": 0.5}, lambda h, v, u: h + ((h @ u).clamp(-0.5, 0.5) - h @ u)[:, None] * u),
+    ({"mode": "clamp", "lo": 2.0, "hi": 2.0}, lambda h, v, u: h + (2.0 - h @ u)[:, None] * u),
+    ({"mode": "clamp", "hi": 0.0}, lambda h, v, u: h + ((h @ u).clamp(max=0.0) - h @ u)[:, None] * u),
+])
+def test_each_mode_moves_the_stream_by_its_formula(spec, want):
+    """The stream the next layer sees (output + residual) is the mode's formula of the stream."""
+    x, res, bank = _stream_case()
+    route = _mode_entry(spec, 1, bank).expand(4, 1, 8).contiguous()
+    out = reference(x, res, torch.arange(4), bank, route)
+    h, v = (x + res).double(), bank[1].double()
+    torch.testing.assert_close((out + res).double(), want(h, v, v / v.norm()), rtol=1e-5, atol=1e-5)
+
+
+def test_an_ablated_direction_is_gone_and_a_pinned_one_sits_at_its_value():
+    x, res, bank = _stream_case(seed=2)
+    u = bank[1].double() / bank[1].double().norm()
+    out = reference(x, res, torch.arange(4), bank, _mode_entry({"mode": "ablate"}, 1, bank).expand(4, 1, 8))
+    assert ((out + res).double() @ u).abs().max() < 1e-5 < ((x + res).double() @ u).abs().min()
+    out = reference(x, res, torch.arange(4), bank,
+                    _mode_entry({"mode": "clamp", "lo": 3.0, "hi": 3.0}, 1, bank).expand(4, 1, 8))
+    torch.testing.assert_close((out + res).double() @ u, torch.full((4,), 3.0, dtype=torch.float64))
+
+
+def test_entries_on_one_layer_read_the_same_stream_so_their_order_does_not_matter():
+    x, res, bank = _stream_case(seed=3)
+    a = _mode_entry({"mode": "ablate"}, 1, bank)
+    b = _mode_entry({"mode": "norm", "scale": 0.5}, 2, bank)
+    ab = reference(x, res, torch.arange(4), bank, torch.stack([a, b]).expand(4, 2, 8))
+    ba = reference(x, res, torch.arange(4), bank, torch.stack([b, a]).expand(4, 2, 8))
+    torch.testing.assert_close(ab, ba, rtol=1e-6, atol=1e-6)
+    h = (x + res).double()
+    u1, u2 = (bank[i].double() / bank[i].double().norm() for i in (1, 2))
+    want = h - (h @ u1)[:, None] * u1 + 0.5 * h.norm(dim=-1, keepdim=True) * u2  # both from h
+    torch.testing.assert_close((ab + res).double(), want, rtol=1e-5, atol=1e-5)
+
+
+def test_a_projecting_entry_reads_the_residual_and_a_layer_without_one_uses_its_output():
+    x, res, bank = _stream_case(seed=4)
+    e = _mode_entry({"mode": "ablate"}, 1, bank).expand(4, 1, 8)
+    u = bank[1].double() / bank[1].double().norm()
+    assert (reference(x, None, torch.arange(4), bank, e).double() @ u).abs().max() < 1e-5
+    assert not torch.equal(reference(x, res, torch.arange(4), bank, e), reference(x, None, torch.arange(4), bank, e))
+
+
+@pytest.mark.parametrize("spec,reason", [({"mode": "ablate"}, "zero_vector"), ({"mode": "norm"}, "zero_vector"),
+                                         ({"mode": "clamp", "lo": 0.0}, "zero_vector")])
+def test_a_projection_on_a_zero_vector_is_refused(spec, reason):
+    from hotwire.shared.spec import SpecError
+
+    with pytest.raises(SpecError) as err:
+        _mode_entry(spec, 0, torch.zeros(1, H))
+    assert err.value.reason == reason
+    assert _mode_entry({"scale": 2.0}, 0, torch.zeros(1, H))[3] == ADD  # an add of zero is harmless
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_projections_stay_finite_on_extreme_streams(dtype):
+    """Invariant 8 for the projecting modes: an overflowing ``h·v`` or ``‖h‖`` saturates."""
+    top = torch.finfo(dtype).max
+    bank = torch.zeros(2, H, dtype=dtype)
+    bank[1] = 1.0
+    x = torch.full((3, H), top, dtype=dtype)
+    x[1, ::2] = -top
+    route = torch.stack([_mode_entry({"mode": m, **kw}, 1, bank.float()) for m, kw in
+                         (("norm", {"scale": 64.0}), ("ablate", {"scale": -64.0}), ("clamp", {"lo": 1e30}))])
+    out = reference(x, x, torch.zeros(3, dtype=torch.long), bank, route.expand(3, 3, 8))
+    assert torch.isfinite(out).all()
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])
@@ -61,13 +159,13 @@ def test_a_steered_token_saturates_and_an_unsteered_one_keeps_even_infinities(dt
     top = torch.finfo(dtype).max
     bank = torch.zeros(3, H, dtype=dtype)
     bank[1], bank[2] = top, -top
-    route = torch.zeros(3, 2, 4, dtype=torch.int32)
+    route = torch.zeros(3, 2, 8, dtype=torch.int32)
     route[0, 0], route[0, 1] = _entry(1, 0, NO_END, 1.0), _entry(1, 0, NO_END, 1.0)  # top + top + top
     route[1, 0], route[1, 1] = _entry(2, 0, NO_END, 4.0), _entry(1, 0, NO_END, 4.0)  # -4 top + 4 top
     x = torch.full((3, H), top, dtype=dtype)
     x[1] = 1.0
     x[2] = float("inf")  # token 2 is unsteered
-    out = reference(x, torch.zeros(3, dtype=torch.long), bank, route)
+    out = reference(x, None, torch.zeros(3, dtype=torch.long), bank, route)
     assert torch.isfinite(out[:2]).all()
     assert torch.equal(out[0], torch.full((H,), top, dtype=dtype))
     assert out[1].abs().max() <= 1.0  # inf - inf would be NaN: each term saturates, and they cancel
@@ -81,7 +179,7 @@ def test_steered_request_keeps_its_bits_outside_its_window():
     t.load_tokens(4)
     x = torch.randn(4, H).to(torch.bfloat16)
     x[0, :2] = torch.tensor([-0.0, 0.0])
-    out = t.to(torch.bfloat16)(x, torch.arange(4), t.layer(0))
+    out = t.to(torch.bfloat16)(x, x, torch.arange(4), t.layer(0))
     assert torch.equal(out.view(torch.int16), x.view(torch.int16))  # every bit, signed zeros included
 
 
@@ -91,7 +189,7 @@ def test_mrope_positions_use_the_first_row():
     t.tok_row[:2] = 1
     t.load_tokens(2)
     x = torch.zeros(2, H)
-    out = t(x, torch.tensor([[3, 4], [0, 0], [0, 0]]), t.layer(0))
+    out = t(x, None, torch.tensor([[3, 4], [0, 0], [0, 0]]), t.layer(0))
     assert torch.equal(out[0], t.bank[2]) and torch.equal(out[1], x[1])
 
 
@@ -186,16 +284,21 @@ def test_armed_layers_trace_to_one_graph():
 
 
 def _random_tables(n, h, dtype, device, armed=3, entries=4, slots=6, seed=0):
-    """Random bank and per-token routing ``[n, armed, entries, 4]`` for ``n`` tokens; about half
-    the entries are on, a fifth of tokens none."""
+    """Random bank, residual and per-token routing ``[n, armed, entries, 8]`` for ``n`` tokens,
+    every mode mixed; about half the entries are on, a fifth of tokens none."""
     g = torch.Generator().manual_seed(seed)
     bank = torch.randn(slots + 1, h, generator=g).to(dtype)
     bank[0] = 0
-    lo = torch.randint(0, 40, (n, armed, entries), generator=g)
-    hi = lo + torch.randint(0, 40, (n, armed, entries), generator=g)
-    rows = torch.randint(1, slots + 1, (n, armed, entries), generator=g)
-    scale = torch.randn(n, armed, entries, generator=g).view(torch.int32)
-    route = torch.stack([rows.int(), lo.int(), hi.int(), scale], -1)
+    shape = (n, armed, entries)
+    lo = torch.randint(0, 40, shape, generator=g)
+    hi = lo + torch.randint(0, 40, shape, generator=g)
+    rows = torch.randint(1, slots + 1, shape, generator=g)
+    mode = torch.randint(0, 4, shape, generator=g)
+    a = torch.randn(shape, generator=g) / torch.where(mode == ADD, 1.0, float(h) ** 0.5)
+    clo = torch.randn(shape, generator=g)
+    chi = clo + torch.rand(shape, generator=g)
+    f = torch.stack([a, clo, chi, torch.zeros(shape)], -1).view(torch.int32)
+    route = torch.cat([torch.stack([rows, lo, hi, mode], -1).int(), f], -1)
     route[torch.rand(n, generator=g) < 0.2] = 0  # tokens of unsteered requests: the null row
     route[-1, :, 0] = _entry(1, 0, NO_END, 0.5)  # the last token: always on
     if n > 1:
@@ -203,24 +306,26 @@ def _random_tables(n, h, dtype, device, armed=3, entries=4, slots=6, seed=0):
     pos = torch.randint(0, 80, (n,), generator=g)
     x = torch.randn(n, h, generator=g).to(dtype)
     x[0, :2] = torch.tensor([-0.0, 0.0], dtype=dtype)
-    return [t.to(device) for t in (x, pos, bank, route)]
+    residual = (4 * torch.randn(n, h, generator=g)).to(dtype)
+    return [t.to(device) for t in (x, residual, pos, bank, route)]
 
 
 def test_op_registration_is_consistent_with_its_fake():
-    x, pos, bank, route = _random_tables(9, H, torch.float32, "cpu")
-    args = (x, pos, bank, route[:, 1])  # a layer's strided view, as the armed layers pass it
-    torch.library.opcheck(torch.ops.hotwire.steer.default, args)
-    assert torch.equal(torch.ops.hotwire.steer(*args), reference(*args))
-    assert not torch.equal(reference(*args)[-1], x[-1])
+    x, residual, pos, bank, route = _random_tables(9, H, torch.float32, "cpu")
+    for res in (residual, None):
+        args = (x, res, pos, bank, route[:, 1])  # a layer's strided view, as the armed layers pass it
+        torch.library.opcheck(torch.ops.hotwire.steer.default, args)
+        assert torch.equal(torch.ops.hotwire.steer(*args), reference(*args))
+        assert not torch.equal(reference(*args)[-1], x[-1])
 
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16, torch.float32])
 @pytest.mark.parametrize("n,h", [(1, 1024), (7, 1000), (300, 4096)])
 def test_triton_kernel_matches_the_reference(n, h, dtype):
-    x, pos, bank, route = _random_tables(n, h, dtype, "cuda", seed=n)
-    for layer in range(route.shape[1]):
-        at = (x, pos, bank, route[:, layer])  # strided, as in the engine
+    x, residual, pos, bank, route = _random_tables(n, h, dtype, "cuda", seed=n)
+    for layer, res in zip(range(route.shape[1]), (residual, None, residual)):
+        at = (x, res, pos, bank, route[:, layer])  # strided, as in the engine
         got = torch.ops.hotwire.steer(*at)
         want = reference(*[a.cpu() for a in at])
         off = ~((pos[:, None] >= route[:, layer, :, 1]) & (pos[:, None] < route[:, layer, :, 2])).any(1)
@@ -235,10 +340,10 @@ def test_triton_kernel_matches_the_reference(n, h, dtype):
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16, torch.float32])
 def test_triton_kernel_saturates_like_the_reference(dtype):
     top = torch.finfo(dtype).max
-    x, pos, bank, route = _random_tables(64, 1024, dtype, "cuda", seed=3)
+    x, residual, pos, bank, route = _random_tables(64, 1024, dtype, "cuda", seed=3)
     bank[1:] = top  # every entry that is on now overflows
     for layer in range(route.shape[1]):
-        at = (x, pos, bank, route[:, layer])
+        at = (x, residual, pos, bank, route[:, layer])
         got = torch.ops.hotwire.steer(*at)
         assert torch.isfinite(got).all()
         torch.testing.assert_close(got.cpu(), reference(*[a.cpu() for a in at]), rtol=1e-2, atol=0)
