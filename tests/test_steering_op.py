@@ -7,7 +7,7 @@ import pytest
 import torch
 from torch import nn
 
-from hotwire.engine_plugin.interventions import ABLATE, ADD, CLAMP, NORM
+from hotwire.engine_plugin.interventions import ADD
 from hotwire.engine_plugin.steer_op import reference
 from hotwire.engine_plugin.steering import SteeringTables, arm, decoder_layers
 from hotwire.shared.spec import NO_END
