@@ -135,6 +135,13 @@ def _patch_runner(cls: type, prepare: str, after_prepare: Callable) -> None:
                   cls.__module__, cls.__name__, prepare)
 
 
+def _patch_fastapi(module: ModuleType) -> None:
+    """vLLM's OpenAI API server: its app gets hotwire's middleware (:mod:`.frontend`)."""
+    from .frontend.install import patch_fastapi
+
+    patch_fastapi(module)
+
+
 def _patch_cpu(module: ModuleType) -> None:
     # Inherits execute_model/_prepare_inputs from the V1 runner; overrides load_model.
     _wrap(module.CPUModelRunner, "load_model", after=_after_load)
@@ -149,6 +156,7 @@ TARGETS: dict[str, Callable[[ModuleType], None]] = {
     "vllm.v1.engine.core": _patch_core,
     "vllm.v1.request": salts.patch_request,
     "vllm.config.vllm": salts.patch_config_hash,
+    "fastapi.applications": _patch_fastapi,
 }
 
 

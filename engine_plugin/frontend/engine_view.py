@@ -1,0 +1,176 @@
+"""The engine's admission decision, taken in the API server before a request is sent on.
+
+The engine core applies its mailbox's directory at the start of every step, before it admits
+that step's new requests, and publishes which layers it armed. So what the directory holds when
+a request arrives (ACTIVE entries, read consistently, that the engine would not reject) is what
+the request's admission will see. From a read-only copy (:class:`~hotwire.shared.mailbox.MailboxView`:
+this process never writes), a private :class:`~hotwire.engine_plugin.registry.Registry` is bound
+as the engine core binds its own, and the engine's own
+:class:`~hotwire.engine_plugin.admission.Admission` judges the spec: the reason codes and limits
+are the engine's by construction. Only ``table_full`` (request rows busy at that step) cannot be
+foreseen, nor a directory change between this check and the request's first step.
+
+With data parallelism every rank's mailbox (``<path>.dpN``) is judged: the API server does not
+know which rank a request will reach, so a spec is ``applied`` only where every rank steers it.
+A mirror follows its mailbox when the header says the directory changed (a new engine, a write
+by the control API); only slots whose content changed are read again.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from hotwire.shared.mailbox import ACTIVE, MailboxError, MailboxView, entry_problem
+from hotwire.shared.spec import SPEC_KEY, SpecError, parse_spec
+
+from ..admission import Admission, entry_limit
+from ..counters import Counters
+from ..delta import PendingDelta
+from ..registry import Registry
+from .verdict import Verdict
+
+_PROBE = "hotwire-frontend"  # the request id a judgement is admitted under, then finished
+
+
+class _Refusal(Counters):
+    """Where :class:`Admission` says why it refused: kept, not counted (the engine counts)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.why: tuple[str, str] | None = None
+
+    def unsteered(self, req_id: str, reason: str, detail: str) -> None:
+        self.why = (reason, detail)
+
+
+class _Rank:
+    """One engine's mailbox, opened read-only, and a mirror of its core's bindings.
+
+    The mirror is fed as the core feeds its own (:class:`~..delta.PendingDelta`, applied to a
+    :class:`~..registry.Registry`); it starts anew when the engine makes a new mailbox.
+    """
+
+    def __init__(self, path: str, entries: int):
+        self.path, self.entries = path, entries
+        self._view: MailboxView | None = None
+        self._key: tuple[int, ...] | None = None
+        self._bound: dict[int, int] = {}  # slot -> seq of the content the mirror holds
+        self._registry: Registry | None = None
+        self._pending: PendingDelta | None = None
+        self._armed: list[int] | None = None
+        self._limit = 0.0
+        self._admission: Admission | None = None
+        self._refusal = _Refusal()
+
+    def judge(self, text: str) -> Verdict | None:
+        """None for a spec without entries; MailboxError when the mailbox cannot be read."""
+        admission = self._current()
+        self._refusal.why = None
+        if admission.admit(_PROBE, {SPEC_KEY: text}, 0) is not None:
+            admission.finish((_PROBE,))
+            return Verdict.applied()
+        return None if self._refusal.why is None else Verdict.unsteered(*self._refusal.why)
+
+    def _current(self) -> Admission:
+        view = self._open()
+        head = view.header
+        key = (int(head["epoch"]), int(head["target_gen"]), int(head["armed_count"]))
+        if key != self._key:
+            self._follow(view)
+            self._key = key
+        assert self._admission is not None
+        return self._admission
+
+    def _open(self) -> MailboxView:
+        try:
+            inode = os.stat(self.path).st_ino
+        except OSError as e:
+            raise MailboxError(f"no mailbox at {self.path}: {e}") from None
+        if self._view is None or self._view.inode != inode:
+            if self._view is not None:
+                self._view.close()
+                self._view = None
+            view = MailboxView.open(self.path)
+            dtype = getattr(torch, view.fingerprint.dtype, None)
+            if not isinstance(dtype, torch.dtype):
+                view.close()
+                raise MailboxError(f"{self.path} names no torch dtype ({view.fingerprint.dtype!r})")
+            self._view, self._key, self._bound, self._armed = view, None, {}, None
+            self._registry = Registry(view.n_slots)
+            self._pending = PendingDelta(view.hidden, dtype)
+            self._limit = entry_limit(dtype)
+        return self._view
+
+    def _follow(self, view: MailboxView) -> None:
+        """Bring the mirror to the directory's ACTIVE entries, as the engine's next step will."""
+        d = view.directory
+        live, seqs = d["state"] == ACTIVE, d["seq"]
+        for slot, seq in list(self._bound.items()):
+            if not live[slot] or int(seqs[slot]) != seq:
+                self._pending.unbind(slot)
+                del self._bound[slot]
+        fp = view.fingerprint
+        new = [s for s in np.flatnonzero(live).tolist() if s not in self._bound]
+        for slot in sorted(new, key=lambda s: (int(d["gen"][s]), s)):  # newest binds last, wins
+            entry = view.read_entry(slot, with_row=True)
+            if entry is None or entry.seq != int(seqs[slot]):
+                continue  # being rewritten: the next generation brings it
+            if entry_problem(entry, fp.n_layers, fp.dtype) is None:
+                self._pending.bind(slot, entry.vector_id, entry.layer, entry.gen, entry.row)
+                self._bound[slot] = entry.seq
+        delta = self._pending.take()
+        if delta is not None:
+            delta.apply(self._registry, None)
+        armed = view.armed_layers()
+        if armed != self._armed:
+            self._armed = armed
+            self._admission = Admission(self._registry, armed=armed, entries=self.entries,
+                                        requests=1, limit=self._limit, counters=self._refusal)
+
+
+class EngineView:
+    """Judges specs against every engine rank behind this API server."""
+
+    def __init__(self, mailbox: str | None, entries: int):
+        self.mailbox, self.entries = mailbox, entries
+        self._ranks: dict[str, _Rank] = {}
+
+    def judge(self, text: str) -> Verdict | None:
+        """The verdict on a spec text (the JSON string the engine receives); None when it has
+        no entries (the engine runs it as a request that asked for nothing)."""
+        try:
+            if not parse_spec(text):
+                return None
+        except SpecError as e:
+            return Verdict.unsteered(e.reason, e.detail)
+        if self.mailbox is None:
+            return Verdict.unverified("HOTWIRE_MAILBOX is off: the engine's vectors are not visible")
+        try:
+            for path in self._paths():
+                verdict = self._rank(path).judge(text)
+                if verdict is not None and verdict.reason is not None:
+                    return verdict
+        except MailboxError as e:
+            return Verdict.unverified(str(e))
+        return Verdict.applied()
+
+    def _paths(self) -> list[str]:
+        """Rank 0's mailbox, then each ``<mailbox>.dpN`` that exists."""
+        base = Path(self.mailbox)
+        pattern = re.compile(re.escape(base.name) + r"\.dp[1-9][0-9]*")
+        try:
+            others = sorted(p.name for p in base.parent.iterdir() if pattern.fullmatch(p.name))
+        except OSError:
+            others = []
+        return [str(base), *(str(base.parent / name) for name in others)]
+
+    def _rank(self, path: str) -> _Rank:
+        rank = self._ranks.get(path)
+        if rank is None:
+            rank = self._ranks[path] = _Rank(path, self.entries)
+        return rank

@@ -1,0 +1,176 @@
+"""The ASGI middleware hotwire puts into vLLM's OpenAI server (see :mod:`.install`).
+
+It works on HTTP only, so it holds across vLLM versions: generation requests
+(``POST /v1/completions``, ``/v1/chat/completions``, ``/v1/responses``, ``/v1/messages``) are read
+whole, planned (:mod:`.plan`), refused or sent on rewritten, and their response carries the
+``x-hotwire`` header from its first message (streams included); ``GET /v1/models`` gains the
+presets. It sits inside vLLM's own middleware (CORS, ``--api-key``): a request it sees is
+authenticated. Whatever fails inside hotwire, the request goes on as it came: hotwire never
+keeps vLLM from serving.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from typing import Any
+
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
+
+from ..config import HotwireConfig
+from .engine_view import EngineView
+from .models import ServedModels, with_presets
+from .plan import Planner, Refusal
+from .presets import PresetSource, PresetsUnavailable
+from .settings import FrontendSettings
+from .verdict import HEADER
+
+log = logging.getLogger("vllm.hotwire")
+
+GENERATE = frozenset({"/v1/completions", "/v1/chat/completions", "/v1/responses", "/v1/messages"})
+MODELS = "/v1/models"
+
+
+class HotwireMiddleware:
+    def __init__(self, app: ASGIApp):
+        self.app = app
+        settings, cfg = FrontendSettings.from_env(), HotwireConfig.from_env()
+        self.presets = (None if settings.control_url is None else
+                        PresetSource(settings.control_url, settings.read_token, settings.presets_ttl_s))
+        self.planner = Planner(settings.strict, EngineView(cfg.mailbox, cfg.entries), self.presets)
+        log.info("hotwire: API server checks specs before the engine (strict %s, presets from %s)",
+                 "on" if settings.strict else "off", settings.control_url or "nowhere")
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] == "http":
+            path = _route(scope)
+            if scope["method"] == "POST" and path in GENERATE:
+                return await self._generate(scope, receive, send)
+            if scope["method"] == "GET" and path == MODELS and self.presets is not None:
+                return await self._models(scope, receive, send)
+        await self.app(scope, receive, send)
+
+    async def _generate(self, scope: Scope, receive: Receive, send: Send) -> None:
+        body, more = await _read_body(receive)
+        doc = _json_object(scope, body) if more is None else None
+        plan = None
+        if doc is not None:
+            try:
+                plan = await self.planner.plan(doc, lambda: self._served(scope))
+            except Exception:
+                log.exception("hotwire: could not plan a request; it goes on as sent")
+        if plan is not None and plan.refusal is not None:
+            return await _refuse(send, plan.refusal)
+        if plan is not None and plan.body is not None:
+            body = json.dumps(plan.body).encode()
+            scope = {**scope, "headers": _with_length(scope["headers"], len(body))}
+        if plan is not None and plan.verdict is not None:
+            send = _with_header(send, plan.verdict.header)
+        await self.app(scope, _replay(body, more, receive), send)
+
+    async def _models(self, scope: Scope, receive: Receive, send: Send) -> None:
+        start, body = await _capture(self.app, scope, receive)
+        if start["status"] == 200:
+            try:
+                body = json.dumps(with_presets(json.loads(body), await self.presets.all())).encode()
+            except PresetsUnavailable as e:
+                log.warning("hotwire: /v1/models lists no presets: %s", e)
+            except ValueError as e:
+                log.warning("hotwire: /v1/models answer not understood (%s); presets not listed", e)
+        await send({**start, "headers": _with_length(start.get("headers", []), len(body))})
+        await send({"type": "http.response.body", "body": body})
+
+    async def _served(self, request: Scope) -> ServedModels:
+        """vLLM's own model list, asked in process (behind the authentication already passed)."""
+        path = request.get("root_path", "") + MODELS
+        scope = {**request, "method": "GET", "path": path, "raw_path": path.encode(),
+                 "query_string": b"", "headers": []}
+
+        async def nothing() -> Message:
+            return {"type": "http.disconnect"}
+
+        start, body = await _capture(self.app, scope, nothing)
+        if start["status"] != 200:
+            raise ValueError(f"{MODELS} answered {start['status']}")
+        return ServedModels.of(json.loads(body))
+
+
+def _route(scope: Scope) -> str:
+    """The path routes are matched on (``root_path`` taken off, as Starlette does)."""
+    path, root = scope["path"], scope.get("root_path", "")
+    return path[len(root):] if root and path.startswith(root) else path
+
+
+async def _read_body(receive: Receive) -> tuple[bytes, Message | None]:
+    """The whole request body, and the message that ended it early (a disconnect) or None."""
+    chunks = []
+    while True:
+        message = await receive()
+        if message["type"] != "http.request":
+            return b"".join(chunks), message
+        chunks.append(message.get("body", b""))
+        if not message.get("more_body", False):
+            return b"".join(chunks), None
+
+
+def _json_object(scope: Scope, body: bytes) -> dict[str, Any] | None:
+    """The body as a JSON object, or None (vLLM answers whatever else it is)."""
+    ctype = dict(scope["headers"]).get(b"content-type", b"application/json")
+    if b"json" not in ctype.lower():
+        return None
+    try:
+        doc = json.loads(body)
+    except (ValueError, RecursionError):
+        return None
+    return doc if isinstance(doc, dict) else None
+
+
+def _replay(body: bytes, early: Message | None, receive: Receive) -> Receive:
+    """A receive that hands out ``body`` once, then whatever the client sends next."""
+    first: list[Message] = [{"type": "http.request", "body": body, "more_body": False}]
+    if early is not None:
+        first.append(early)
+
+    async def replay() -> Message:
+        return first.pop(0) if first else await receive()
+
+    return replay
+
+
+def _with_length(headers: list[tuple[bytes, bytes]], length: int) -> list[tuple[bytes, bytes]]:
+    return [*((k, v) for k, v in headers if k.lower() != b"content-length"),
+            (b"content-length", str(length).encode())]
+
+
+def _with_header(send: Send, value: bytes) -> Send:
+    async def sending(message: Message) -> None:
+        if message["type"] == "http.response.start" and message["status"] < 400:
+            message = {**message, "headers": [*message.get("headers", []), (HEADER, value)]}
+        await send(message)
+
+    return sending
+
+
+async def _refuse(send: Send, refusal: Refusal) -> None:
+    body = json.dumps(refusal.body()).encode()
+    headers = [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode())]
+    if refusal.verdict is not None:
+        headers.append((HEADER, refusal.verdict.header))
+    await send({"type": "http.response.start", "status": refusal.status, "headers": headers})
+    await send({"type": "http.response.body", "body": body})
+
+
+async def _capture(app: ASGIApp, scope: Scope, receive: Receive) -> tuple[Message, bytes]:
+    """Run ``app`` and keep its whole answer: ``(start message, body)``."""
+    start: Message = {"type": "http.response.start", "status": 500, "headers": []}
+    chunks: list[bytes] = []
+
+    async def keep(message: Message) -> None:
+        nonlocal start
+        if message["type"] == "http.response.start":
+            start = message
+        elif message["type"] == "http.response.body":
+            chunks.append(message.get("body", b""))
+
+    await app(scope, receive, keep)
+    return start, b"".join(chunks)
