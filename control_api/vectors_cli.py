@@ -1,4 +1,4 @@
-"""``hotwire vectors push|list|rm|make``."""
+"""``hotwire vectors push|list|rm|import|make``."""
 
 from __future__ import annotations
 
@@ -10,6 +10,7 @@ from typing import Any
 
 from hotwire.shared.spec import layer_ranges
 
+from . import vector_import
 from .client import ControlApiError, ControlClient, add_client_options, client_command
 from .tables import format_table
 
@@ -43,6 +44,8 @@ def configure(parser: argparse.ArgumentParser) -> None:
 
     for sub in (push, listing, remove):
         add_client_options(sub)
+
+    vector_import.configure(actions)
 
     make = actions.add_parser(
         "make", help="build a contrast vector from positive and negative prompts (transformers)",

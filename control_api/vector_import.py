@@ -1,0 +1,77 @@
+"""``hotwire vectors import PATH``: vectors in the formats people already have, through the API.
+
+Reads ``PATH`` with :mod:`hotwire.shared.importers` (a brainscope export, a hidden-directions
+dictionary, a GGUF control vector, a directory of vector files), then uploads every vector (with
+its source's metadata) and stores the preset each source implies, named after its vector. All
+of ``PATH`` is read and checked before anything is sent: one bad item and nothing is imported
+(exit 7, every problem listed). Uploads are in order, vectors first; a refused one stops the
+import there with the server's error (what was sent before it stays).
+"""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+from hotwire.shared.importers import ImportResult, VectorImportError, import_path
+
+from .client import ControlApiError, ControlClient, add_client_options, client_command
+
+
+def configure(actions: argparse._SubParsersAction) -> None:
+    sub = actions.add_parser(
+        "import", help="import vectors and their presets: a brainscope export, a "
+                       "hidden-directions dictionary, a GGUF control vector or vector files",
+        description="Upload every vector at PATH and store the presets its format implies (a "
+                    "brainscope passport, a hidden-directions recommended layer, a GGUF's "
+                    "layers), each named after its vector. Layer numbers are mapped to vLLM's "
+                    "0-based decoder layers (see hotwire.shared.importers).")
+    sub.add_argument("path", type=Path, help="a directory or a .gguf file")
+    sub.add_argument("--id-prefix", default="",
+                     help="put before every vector id and preset name, e.g. qwen3-4b.")
+    sub.add_argument("--model-layers", type=int, metavar="N",
+                     help="the model's decoder layers (GGUF needs it; default: the attached "
+                          "engine's)")
+    sub.add_argument("--replace", action="store_true",
+                     help="replace vectors (their pins are kept) and presets that exist")
+    add_client_options(sub)
+    sub.set_defaults(run=_import)
+
+
+def read_source(path: Path, n_layers: int | None, id_prefix: str) -> ImportResult:
+    """Everything at ``path``, or ``file_error`` listing every problem."""
+    try:
+        result = import_path(path, n_layers=n_layers, id_prefix=id_prefix)
+    except VectorImportError as e:
+        raise ControlApiError(0, "file_error", str(e)) from None
+    if result.problems:
+        raise ControlApiError(0, "file_error", f"nothing imported, {len(result.problems)} "
+                              "problem(s):\n  " + "\n  ".join(result.problems))
+    if not result.vectors:
+        raise ControlApiError(0, "file_error", f"{path}: no vectors found")
+    return result
+
+
+def engine_layers(client: ControlClient) -> int | None:
+    """The attached engine's decoder layers (rank 0), or ``None`` without one."""
+    engine = client.slots().get("engine")
+    return None if engine is None else int(engine["n_layers"])
+
+
+@client_command
+def _import(client: ControlClient, args: argparse.Namespace) -> None:
+    n_layers = args.model_layers if args.model_layers is not None else engine_layers(client)
+    result = read_source(args.path, n_layers, args.id_prefix)
+    pinned = {v["id"]: v["pinned"] for v in client.vectors()} if args.replace else {}
+    for vector in result.vectors:
+        info = client.push_array(vector.id, vector.tensor, layers=vector.layers,
+                                 pin=pinned.get(vector.id, False), replace=args.replace,
+                                 metadata=vector.metadata)
+        where = "resident" if info["resident"] else info["state"].replace("_", " ")
+        print(f"vector {info['id']}: {'x'.join(map(str, info['shape']))}, generation "
+              f"{info['generation']}, {where}")
+    for vector in result.vectors:
+        if vector.preset is not None:
+            preset = client.store_preset(vector.id, vector.preset.entries, replace=args.replace,
+                                         description=vector.preset.description)
+            print(f"preset {preset['name']}: {preset['description']}")

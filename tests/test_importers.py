@@ -1,0 +1,537 @@
+"""Importers (:mod:`hotwire.shared.importers`): brainscope exports, hidden-directions
+dictionaries, GGUF control vectors and plain vector files.
+
+Files are written here the way each tool writes them (``torch.save`` tensors and a
+``manifest.json``; GGUF with ``gguf.GGUFWriter``, as repeng does). The layer mapping of every
+format is checked against a transformers forward of a tiny random Qwen3: the source tool's own
+steering (as its code does it) and hotwire's reading of the imported preset give the same
+logits, and a mapping one layer off does not. The ``hotwire vectors import`` CLI and the engine's
+startup loader run on the same files, against a real control API and mailbox.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+from hotwire.control_api.cli import EXIT_CONFLICT, EXIT_FILE, EXIT_OK, main
+from hotwire.engine_plugin.startup import load_dir
+from hotwire.shared.importers import VectorImportError, import_path
+from hotwire.shared.mailbox import ANY_LAYER
+from hotwire.shared.spec import parse_spec
+from hotwire.shared.wire import ModelShape, encode_safetensors
+
+from conftest import HIDDEN, LAYERS
+from control_harness import FP, TOKEN, Rig, exact_vector
+
+PROMPT = [[3, 17, 42, 99, 7, 250, 11]]
+
+
+# Writers: the formats as their tools write them -------------------------------------------
+
+
+def write_brainscope(root: Path, vectors: dict[str, np.ndarray],
+                     passports: dict[str, dict] | None = None, model: str = "tiny-qwen3") -> Path:
+    """A brainscope export: ``<name>.pt`` float32 tensors and its manifest with passports."""
+    root.mkdir(parents=True, exist_ok=True)
+    entries = []
+    for name, vector in vectors.items():
+        torch.save(torch.from_numpy(vector), root / f"{name}.pt")
+        norms = np.linalg.norm(vector.reshape(-1, vector.shape[-1]), axis=1)
+        entries.append({
+            "name": name, "file": f"{name}.pt", "shape": list(vector.shape),
+            "norm_min": round(float(norms.min()), 4), "norm_max": round(float(norms.max()), 4),
+            "unit_norm": False, "model": model, "source": "dirs.json",
+            **(passports or {}).get(name, {}),
+            "calibration_regime": {"backend": "brainscope", "note": "steers generation",
+                                   "decode_only_recommended": True}})
+    manifest = {"exported_at": "2026-05-01T10:00:00+00:00", "vectors": entries}
+    (root / "manifest.json").write_text(json.dumps(manifest, indent=1))
+    return root
+
+
+def write_hidden_directions(root: Path, vectors: dict[str, np.ndarray],
+                            recommended: dict[str, tuple[int | None, float | None]]) -> Path:
+    """A hidden-directions dictionary: bfloat16 ``[n_layers, hidden]`` tensors and a manifest."""
+    root.mkdir(parents=True, exist_ok=True)
+    entries = []
+    for name, vector in vectors.items():
+        torch.save(torch.from_numpy(vector).to(torch.bfloat16), root / f"{name}.pt")
+        layer, alpha = recommended.get(name, (None, None))
+        entries.append({"name": name, "shape": list(vector.shape), "dtype": "torch.bfloat16",
+                        "recommended_layer": layer, "recommended_alpha": alpha})
+    manifest = {"model": "tiny-qwen3", "extracted_via": "hidden-directions CLI",
+                "directions": entries, "preset_provenance": "layer sweep 0-3"}
+    (root / "manifest.json").write_text(json.dumps(manifest, indent=2))
+    return root
+
+
+def write_gguf(path: Path, tensors: dict[str, np.ndarray]) -> Path:
+    """A control vector as repeng exports one: arch ``controlvector``, its two keys, tensors."""
+    import gguf
+
+    writer = gguf.GGUFWriter(str(path), "controlvector")
+    writer.add_string("controlvector.model_hint", "qwen3")
+    writer.add_uint32("controlvector.layer_count", len(tensors))
+    for name, values in tensors.items():
+        writer.add_tensor(name, values)
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+    return path
+
+
+def rand(*shape: int, seed: int) -> np.ndarray:
+    return np.random.default_rng(seed).standard_normal(shape).astype(np.float32)
+
+
+def bf16(values: np.ndarray) -> np.ndarray:
+    return torch.from_numpy(values).to(torch.bfloat16).float().numpy()
+
+
+def only(result):
+    assert result.problems == []
+    return {v.id: v for v in result.vectors}
+
+
+# Formats -----------------------------------------------------------------------------------
+
+
+def test_brainscope_export_keeps_the_passport_and_makes_a_preset(tmp_path):
+    calm, per_layer = rand(HIDDEN, seed=1), rand(LAYERS, HIDDEN, seed=2)
+    passport = {"calibrated": {"layer": 2, "scale": 3, "decode_only": False},
+                "eval": {"violations": "0/16"}, "recipe": "recipes/calm.json"}
+    root = write_brainscope(tmp_path / "export", {"calm": calm, "formal": per_layer},
+                            {"calm": passport})
+    vectors = only(import_path(root, n_layers=LAYERS))
+    assert sorted(vectors) == ["calm", "formal"]
+    np.testing.assert_array_equal(vectors["calm"].tensor, calm)
+    np.testing.assert_array_equal(vectors["formal"].tensor, per_layer)
+    meta = vectors["calm"].metadata
+    assert meta["imported_from"] == "brainscope" and meta["exported_at"].startswith("2026-05-01")
+    assert meta["calibrated"] == passport["calibrated"] and meta["eval"] == {"violations": "0/16"}
+    assert meta["calibration_regime"]["decode_only_recommended"] is True
+    assert vectors["calm"].layers is None
+    assert vectors["calm"].preset.entries == (
+        {"id": "calm", "layer": 2, "scale": 3.0, "decode_only": False},)
+    assert "layer 2, scale 3" in vectors["calm"].preset.description
+    assert vectors["formal"].preset is None  # no calibrated passport, no preset
+
+
+def test_brainscope_decode_only_defaults_to_the_regime(tmp_path):
+    root = write_brainscope(tmp_path / "export", {"calm": rand(HIDDEN, seed=3)},
+                            {"calm": {"calibrated": {"layer": 1, "scale": -2.5}}})
+    [entry] = only(import_path(root))["calm"].preset.entries
+    assert entry == {"id": "calm", "layer": 1, "scale": -2.5, "decode_only": True}
+
+
+def test_hidden_directions_dictionary(tmp_path):
+    pref, inst = rand(LAYERS, HIDDEN, seed=4), rand(LAYERS, HIDDEN, seed=5)
+    root = write_hidden_directions(tmp_path / "dict", {"v_pref_calm": pref, "v_inst": inst},
+                                   {"v_pref_calm": (2, 1.5)})
+    vectors = only(import_path(root, n_layers=LAYERS))
+    assert vectors["v_pref_calm"].tensor.dtype == np.float32
+    np.testing.assert_array_equal(vectors["v_pref_calm"].tensor, bf16(pref))
+    assert vectors["v_pref_calm"].preset.entries == ({"id": "v_pref_calm", "layer": 2, "scale": 1.5},)
+    assert vectors["v_inst"].preset is None  # no recommended_layer
+    meta = vectors["v_pref_calm"].metadata
+    assert (meta["imported_from"], meta["model"], meta["recommended_layer"]) == \
+        ("hidden-directions", "tiny-qwen3", 2)
+    assert meta["preset_provenance"] == "layer sweep 0-3"
+
+
+def test_gguf_control_vector(tmp_path):
+    rows = {n: rand(HIDDEN, seed=10 + n) for n in (1, 3)}
+    path = write_gguf(tmp_path / "happy.gguf", {f"direction.{n}": r for n, r in rows.items()})
+    [vector] = import_path(path, n_layers=LAYERS).vectors
+    assert vector.id == "happy" and vector.tensor.shape == (LAYERS, HIDDEN)
+    np.testing.assert_array_equal(vector.tensor[1], rows[1])
+    np.testing.assert_array_equal(vector.tensor[3], rows[3])
+    assert not vector.tensor[[0, 2]].any()  # layers it has no direction for stay zero
+    assert vector.layers == (1, 3)
+    assert vector.preset.entries == ({"id": "happy", "layers": [1, 3], "scale": 1.0},)
+    assert vector.metadata == {"imported_from": "gguf", "file": "happy.gguf",
+                               "general.architecture": "controlvector",
+                               "controlvector.model_hint": "qwen3",
+                               "controlvector.layer_count": 2}
+
+
+def test_a_directory_imports_unlisted_files_as_plain_vectors_and_prefixes_ids(tmp_path):
+    root = write_brainscope(tmp_path / "export", {"calm": rand(HIDDEN, seed=6)},
+                            {"calm": {"calibrated": {"layer": 0, "scale": 1}}})
+    (root / "extra.safetensors").write_bytes(encode_safetensors(rand(HIDDEN, seed=7)))
+    write_gguf(root / "cv.gguf", {"direction.2": rand(HIDDEN, seed=8)})
+    (root / "notes.txt").write_text("not a vector")
+    vectors = only(import_path(root, n_layers=LAYERS, id_prefix="q3."))
+    assert sorted(vectors) == ["q3.calm", "q3.cv", "q3.extra"]
+    assert vectors["q3.calm"].preset.entries[0]["id"] == "q3.calm"
+    assert vectors["q3.cv"].preset.entries[0]["id"] == "q3.cv"
+    assert vectors["q3.extra"].preset is None
+    assert vectors["q3.extra"].metadata == {"imported_from": "safetensors", "file": "extra.safetensors"}
+
+
+def test_imported_presets_parse_as_specs(tmp_path):
+    root = write_brainscope(tmp_path / "export", {"calm": rand(HIDDEN, seed=9)},
+                            {"calm": {"calibrated": {"layer": 3, "scale": 2}}})
+    write_gguf(root / "cv.gguf", {f"direction.{n}": rand(HIDDEN, seed=n) for n in (1, 2, 3)})
+    for vector in import_path(root, n_layers=LAYERS).vectors:
+        [entry] = parse_spec(list(vector.preset.entries))
+        assert entry.id == vector.id
+
+
+# Bad inputs: refused with the file and the reason ------------------------------------------
+
+
+def failure(path: Path, n_layers: int | None = LAYERS) -> str:
+    """What importing ``path`` says is wrong: the error, or its problem lines."""
+    try:
+        result = import_path(path, n_layers=n_layers)
+    except VectorImportError as e:
+        return str(e)
+    assert result.problems, "no problem reported"
+    return "\n".join(result.problems)
+
+
+def _manifest(root: Path, text: str) -> Path:
+    root.mkdir()
+    (root / "manifest.json").write_text(text)
+    return root
+
+
+def _brainscope_with(root: Path, tensor, passport: dict | None = None, name: str = "v") -> Path:
+    write_brainscope(root, {name: rand(HIDDEN, seed=0)}, {name: passport or {}})
+    torch.save(tensor, root / f"{name}.pt")
+    return root
+
+
+def _written(path: Path, data: bytes) -> Path:
+    path.write_bytes(data)
+    return path
+
+
+def _brainscope_and(root: Path, extra: str, data: bytes) -> Path:
+    """A one-vector export ``v``, plus the file ``extra`` holding ``data``."""
+    _brainscope_with(root, torch.ones(HIDDEN))
+    _written(root / extra, data)
+    return root
+
+
+BAD = {  # case -> (writer of the bad input under tmp_path, a piece of the message)
+    "manifest not json": (lambda t: _manifest(t / "d", "{nope"), "not valid JSON"),
+    "manifest with NaN": (lambda t: _manifest(t / "d", '{"vectors": [], "x": NaN}'),
+                          "NaN is not a JSON number"),
+    "unknown manifest": (lambda t: _manifest(t / "d", '{"items": []}'),
+                         "neither a brainscope export"),
+    "listed file missing": (lambda t: _manifest(t / "d", json.dumps(
+        {"vectors": [{"name": "gone", "file": "gone.pt"}]})), "gone.pt: listed in manifest.json but missing"),
+    "file outside the export": (lambda t: _manifest(t / "d", json.dumps(
+        {"vectors": [{"name": "x", "file": "../x.pt"}]})), "must be a .pt file in the export"),
+    "pt holds a dict": (lambda t: _brainscope_with(t / "d", {"v": torch.ones(HIDDEN)}),
+                        "holds dict, not a float tensor"),
+    "pt holds ints": (lambda t: _brainscope_with(t / "d", torch.ones(HIDDEN, dtype=torch.int32)),
+                      "torch.int32 tensor, not a float tensor"),
+    "pt is 3-D": (lambda t: _brainscope_with(t / "d", torch.ones(2, LAYERS, HIDDEN)),
+                  "is neither [hidden] nor [n_layers, hidden]"),
+    "pt has NaN": (lambda t: _brainscope_with(t / "d", torch.full((HIDDEN,), float("nan"))),
+                   "NaN or infinite"),
+    "pt is not a pickle": (lambda t: _brainscope_and(t / "d", "v.pt", b"junk"),
+                           "not a tensor file torch can load safely"),
+    "passport without layer": (lambda t: _brainscope_with(t / "d", torch.ones(HIDDEN),
+                                                          {"calibrated": {"scale": 2}}),
+                               "calibrated.layer must be a decoder layer"),
+    "passport layer as text": (lambda t: _brainscope_with(t / "d", torch.ones(HIDDEN),
+                                                          {"calibrated": {"layer": "20", "scale": 2}}),
+                               "got '20'"),
+    "passport scale overflows": (lambda t: _brainscope_with(t / "d", torch.ones(HIDDEN),
+                                                            {"calibrated": {"layer": 1, "scale": 1e39}}),
+                                 "the preset it implies does not parse"),
+    "stem is not an id": (lambda t: _brainscope_with(t / "d", torch.ones(HIDDEN), name="calm down"),
+                          "'calm down' is not a valid vector id"),
+    "rows do not match the model": (lambda t: write_hidden_directions(
+        t / "d", {"v": rand(LAYERS - 1, HIDDEN, seed=0)}, {}), "3 rows, but the model has 4 layers"),
+    "recommended layer negative": (lambda t: write_hidden_directions(
+        t / "d", {"v": rand(LAYERS, HIDDEN, seed=0)}, {"v": (-1, 1.0)}),
+        "recommended_layer must be a decoder layer"),
+    "two files, one id": (lambda t: _brainscope_and(t / "d", "v.safetensors", encode_safetensors(
+        np.ones(HIDDEN, np.float32))), "given by more than one file"),
+    "gguf direction.0": (lambda t: write_gguf(t / "x.gguf", {"direction.0": rand(HIDDEN, seed=0)}),
+                         "direction.0 is invalid"),
+    "gguf other tensor": (lambda t: write_gguf(t / "x.gguf", {"direction.1": rand(HIDDEN, seed=0),
+                                                              "steer.2": rand(HIDDEN, seed=1)}),
+                          "tensor 'steer.2' is not named direction.<layer>"),
+    "gguf f16": (lambda t: write_gguf(t / "x.gguf", {"direction.1": np.ones(HIDDEN, np.float16)}),
+                 "is F16; llama.cpp reads F32 directions only"),
+    "gguf 2-D": (lambda t: write_gguf(t / "x.gguf", {"direction.1": rand(2, HIDDEN, seed=0)}),
+                 "a direction is 1-D"),
+    "gguf beyond the model": (lambda t: write_gguf(t / "x.gguf", {f"direction.{LAYERS}":
+                                                                  rand(HIDDEN, seed=0)}),
+                              "names layer 4, but the model has 4"),
+    "gguf unequal lengths": (lambda t: write_gguf(t / "x.gguf", {
+        "direction.1": rand(HIDDEN, seed=0), "direction.2": rand(HIDDEN // 2, seed=1)}),
+        "direction.2 has 64 values, the others 128"),
+    "gguf empty": (lambda t: write_gguf(t / "x.gguf", {}), "no direction.<layer> tensors"),
+    "gguf junk": (lambda t: _written(t / "x.gguf", b"GGUFjunk"), "not a readable GGUF file"),
+    "nothing there": (lambda t: t / "missing", "no such file or directory"),
+    "a file that is no source": (lambda t: _written(t / "v.txt", b"x"), "expected a directory"),
+}
+
+
+@pytest.mark.parametrize("case", BAD)
+def test_bad_inputs_are_named_with_the_reason(tmp_path, case):
+    make, piece = BAD[case]
+    message = failure(make(tmp_path))
+    assert piece in message, message
+    assert str(tmp_path) in message  # it names the file
+
+
+def test_gguf_needs_the_layer_count(tmp_path):
+    path = write_gguf(tmp_path / "cv.gguf", {"direction.1": rand(HIDDEN, seed=0)})
+    assert "needs the model's layer count" in failure(path, n_layers=None)
+
+
+def test_a_bad_item_does_not_stop_the_others(tmp_path):
+    root = write_brainscope(tmp_path / "export", {"good": rand(HIDDEN, seed=1),
+                                                  "bad": rand(HIDDEN, seed=2)})
+    torch.save({"not": "a tensor"}, root / "bad.pt")
+    result = import_path(root)
+    assert [v.id for v in result.vectors] == ["good"]
+    assert len(result.problems) == 1 and "bad.pt" in result.problems[0]
+
+
+# Layer numbering against a transformers forward --------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def hf(tiny_model):
+    from transformers import AutoModelForCausalLM
+
+    return AutoModelForCausalLM.from_pretrained(str(tiny_model), dtype=torch.float32).eval()
+
+
+def _layer_outputs(model) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
+    outs: dict[int, torch.Tensor] = {}
+    handles = [layer.register_forward_hook(lambda m, a, o, i=i: outs.__setitem__(i, o.clone()))
+               for i, layer in enumerate(model.model.layers)]
+    try:
+        with torch.no_grad():
+            hidden = model(torch.tensor(PROMPT), output_hidden_states=True).hidden_states
+    finally:
+        for h in handles:
+            h.remove()
+    return list(hidden), [outs[i] for i in range(len(outs))]
+
+
+def test_hidden_state_k_is_the_output_of_decoder_layer_k_minus_1(hf):
+    """The 1-based numbering of brainscope's extractors: ``hidden_states[k]`` (k >= 1) is what
+    decoder layer ``k - 1`` outputs, hotwire's ``layer: k - 1``; the last one comes after the
+    model's final norm."""
+    hidden, outs = _layer_outputs(hf)
+    assert len(hidden) == LAYERS + 1
+    for k in range(1, LAYERS):
+        assert torch.equal(hidden[k], outs[k - 1]), k
+        assert not torch.equal(hidden[k], outs[k]), k
+    with torch.no_grad():
+        assert torch.equal(hidden[LAYERS], hf.model.norm(outs[LAYERS - 1]))
+
+
+def _add_after(model, layer: int, value: torch.Tensor):
+    """Source tools' steering: a forward hook adding ``value`` to ``model.model.layers[layer]``'s
+    output (brainscope's ``_install_steer_hooks``, hidden-directions' ``sweep.py``, and where
+    llama.cpp's ``build_cvec`` adds to block ``layer``)."""
+    return model.model.layers[layer].register_forward_hook(lambda m, a, out: out + value)
+
+
+def _add_before_next(model, layer: int, value: torch.Tensor):
+    """hotwire's definition of ``layer: L``: the stream at the end of layer L, i.e. what layer
+    L + 1 receives (the final norm after the last layer), plus ``value``."""
+    nxt = model.model.layers[layer + 1] if layer + 1 < LAYERS else model.model.norm
+    return nxt.register_forward_pre_hook(lambda m, args: (args[0] + value, *args[1:]))
+
+
+def _logits(model, hooks) -> torch.Tensor:
+    handles = [make() for make in hooks]
+    try:
+        with torch.no_grad():
+            return model(torch.tensor(PROMPT)).logits[0].double()
+    finally:
+        for h in handles:
+            h.remove()
+
+
+def _hotwire_hooks(model, vectors, shift: int = 0) -> list:
+    """Every imported preset's entries, applied as hotwire reads them (``shift``: one layer off,
+    to show the comparison tells the layers apart)."""
+    hooks = []
+    for vector in vectors.values():
+        for entry in parse_spec(list(vector.preset.entries)):
+            for layer in entry.targets(frozenset(range(LAYERS))):
+                row = vector.tensor[layer] if vector.tensor.ndim == 2 else vector.tensor
+                value = entry.scale * torch.from_numpy(row)
+                hooks.append(lambda layer=layer, value=value: _add_before_next(
+                    model, layer + shift, value))
+    return hooks
+
+
+def _brainscope_case(tmp_path):
+    v = rand(HIDDEN, seed=21) * 4
+    root = write_brainscope(tmp_path / "bs", {"calm": v}, {"calm": {"calibrated": {
+        "layer": 1, "scale": 2.0, "decode_only": False}}})
+    return root, [(1, 2.0 * torch.from_numpy(v))]  # brainscope: hook on layers[1], strength 2
+
+
+def _hidden_directions_case(tmp_path):
+    t = rand(LAYERS, HIDDEN, seed=22) * 4
+    root = write_hidden_directions(tmp_path / "hd", {"v_pref": t}, {"v_pref": (2, -1.5)})
+    return root, [(2, -1.5 * torch.from_numpy(bf16(t)[2]))]  # sweep.py: hook on layers[2], alpha * v[2]
+
+
+def _gguf_case(tmp_path):
+    rows = {n: rand(HIDDEN, seed=30 + n) * 4 for n in (1, 2)}
+    path = write_gguf(tmp_path / "cv.gguf", {f"direction.{n}": r for n, r in rows.items()})
+    # llama.cpp: tensors[il] = direction.il, added to block il's output, for il = 1..n_layer-1
+    return path, [(il, torch.from_numpy(rows[il])) for il in rows]
+
+
+@pytest.mark.parametrize("case", [_brainscope_case, _hidden_directions_case, _gguf_case],
+                         ids=["brainscope", "hidden-directions", "gguf"])
+def test_imported_presets_steer_where_the_source_tool_does(hf, tmp_path, case):
+    source, source_terms = case(tmp_path)
+    vectors = only(import_path(source, n_layers=LAYERS))
+    plain = _logits(hf, [])
+    theirs = _logits(hf, [lambda l=l, v=v: _add_after(hf, l, v) for l, v in source_terms])
+    ours = _logits(hf, _hotwire_hooks(hf, vectors))
+    assert (theirs - plain).abs().max() > 1e-2  # the steering does something
+    torch.testing.assert_close(ours, theirs, rtol=0, atol=1e-5)
+    off_by_one = _logits(hf, _hotwire_hooks(hf, vectors, shift=-1))
+    assert (off_by_one - theirs).abs().max() > 1e-2
+
+
+def _received(model) -> list[torch.Tensor]:
+    """What each decoder layer receives, then what the final norm receives: entry ``k`` is the
+    stream after layer ``k - 1``, ``hidden_states[k]`` in transformers' numbering."""
+    seen: list[torch.Tensor] = []
+    modules = [*model.model.layers, model.model.norm]
+    handles = [m.register_forward_pre_hook(lambda m, args: seen.append(args[0].clone()))
+               for m in modules]
+    try:
+        with torch.no_grad():
+            model(torch.tensor(PROMPT))
+    finally:
+        for h in handles:
+            h.remove()
+    return seen
+
+
+def test_brainscope_spec_layer_l_moves_hidden_state_l_plus_one_first(hf, tmp_path):
+    """brainscope steering at spec layer L leaves the stream up to ``hidden_states[L]`` as it
+    was and moves ``hidden_states[L + 1]``, the output of decoder layer L, by exactly
+    ``scale * v``: where the imported preset (``layer: L``) steers."""
+    root, [(layer, value)] = _brainscope_case(tmp_path)
+    [entry] = only(import_path(root))["calm"].preset.entries
+    assert entry["layer"] == layer
+    plain = _received(hf)
+    handle = _add_after(hf, layer, value)
+    try:
+        steered = _received(hf)
+    finally:
+        handle.remove()
+    for k in range(layer + 1):
+        assert torch.equal(steered[k], plain[k]), k
+    torch.testing.assert_close(steered[layer + 1] - plain[layer + 1],
+                               value.expand_as(plain[layer + 1]), rtol=0, atol=1e-5)
+
+
+# The engine's startup vectors ---------------------------------------------------------------
+
+
+def test_startup_loads_a_brainscope_export_and_a_gguf_file(tmp_path, caplog):
+    model = ModelShape(LAYERS, HIDDEN, "float32")
+    calm = rand(HIDDEN, seed=40)
+    root = write_brainscope(tmp_path / "export", {"calm": calm, "wide": rand(HIDDEN + 1, seed=41)},
+                            {"calm": {"calibrated": {"layer": 2, "scale": 3}}})
+    with caplog.at_level(logging.INFO, logger="vllm.hotwire"):
+        loaded = dict(load_dir(str(root), model))
+    assert list(loaded) == ["calm"]
+    np.testing.assert_array_equal(loaded["calm"], calm[None, :])
+    assert "wide.pt: shape [1, 129] does not match the model" in caplog.text
+    assert '"layer": 2, "scale": 3.0, "decode_only": true' in caplog.text
+
+    direction = rand(HIDDEN, seed=42)
+    path = write_gguf(tmp_path / "happy.gguf", {"direction.3": direction})
+    [(vector_id, rows)] = load_dir(str(path), model)
+    assert vector_id == "happy" and rows.shape == (LAYERS, HIDDEN)
+    np.testing.assert_array_equal(rows[3], direction)
+    caplog.clear()
+    with caplog.at_level(logging.ERROR, logger="vllm.hotwire"):
+        assert load_dir(str(tmp_path / "nowhere"), model) == []
+    assert "no such file or directory" in caplog.text
+
+
+# ``hotwire vectors import`` against a real control API and mailbox ------------------------
+
+
+@pytest.fixture
+def rig(tmp_path):
+    rig = Rig(tmp_path / "rig")
+    rig.start_engine()
+    rig.start_api()
+    yield rig
+    rig.stop()
+
+
+def cli(capsys, rig: Rig, *args: str) -> tuple[int, str, str]:
+    status = main(["vectors", "import", *args, "--url", rig.server.url, "--token", TOKEN])
+    out = capsys.readouterr()
+    return status, out.out, out.err
+
+
+def test_cli_import_uploads_vectors_and_stores_presets(rig, capsys, tmp_path):
+    h = FP.hidden
+    calm = exact_vector(h, seed=1)
+    root = write_brainscope(tmp_path / "export", {"calm": calm},
+                            {"calm": {"calibrated": {"layer": 1, "scale": 2}}})
+    rows = {n: exact_vector(h, seed=n) for n in (1, 3)}
+    gguf_path = write_gguf(tmp_path / "happy.gguf", {f"direction.{n}": r for n, r in rows.items()})
+
+    status, out, err = cli(capsys, rig, str(root))
+    assert status == EXIT_OK, err
+    assert f"vector calm: {h}, generation 1, resident" in out
+    assert "preset calm: brainscope passport: calibrated at layer 1, scale 2" in out
+    np.testing.assert_array_equal(rig.engine.entries("calm")[ANY_LAYER][2], calm)
+    assert rig.catalog()["calm"]["metadata"]["calibrated"] == {"layer": 1, "scale": 2}
+
+    status, out, err = cli(capsys, rig, str(gguf_path), "--id-prefix", "cv.")  # layers: the engine's
+    assert status == EXIT_OK, err
+    entries = rig.engine.entries("cv.happy")
+    assert sorted(entries) == [1, 3]  # only the layers the file has directions for
+    np.testing.assert_array_equal(entries[3][2], rows[3])
+    presets = {p["name"]: p for p in rig.http.get("/steer/presets").json()["presets"]}
+    assert presets["calm"]["entries"] == [{"id": "calm", "layer": 1, "scale": 2.0, "decode_only": True}]
+    assert presets["cv.happy"]["entries"] == [{"id": "cv.happy", "layers": [1, 3], "scale": 1.0}]
+
+    status, _, err = cli(capsys, rig, str(root))
+    assert status == EXIT_CONFLICT and "exists" in err
+    status, out, err = cli(capsys, rig, str(root), "--replace")
+    assert status == EXIT_OK, err
+    assert "generation 2" in out
+
+
+def test_cli_import_with_a_problem_uploads_nothing(rig, capsys, tmp_path):
+    root = write_brainscope(tmp_path / "export", {"good": exact_vector(FP.hidden, seed=2),
+                                                  "bad": exact_vector(FP.hidden, seed=3)},
+                            {"good": {"calibrated": {"layer": 1, "scale": 1}}})
+    torch.save({"not": "a tensor"}, root / "bad.pt")
+    status, out, err = cli(capsys, rig, str(root))
+    assert status == EXIT_FILE and "nothing imported, 1 problem(s)" in err and "bad.pt" in err
+    assert rig.catalog() == {} and rig.http.get("/steer/presets").json()["presets"] == []
+    status, _, err = cli(capsys, rig, str(tmp_path / "missing"))
+    assert status == EXIT_FILE and "no such file or directory" in err
+    gguf_path = write_gguf(tmp_path / "big.gguf", {"direction.2": exact_vector(FP.hidden, seed=4)})
+    status, _, err = cli(capsys, rig, str(gguf_path), "--model-layers", "2")
+    assert status == EXIT_FILE and "names layer 2, but the model has 2" in err
