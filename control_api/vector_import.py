@@ -53,8 +53,14 @@ def read_source(path: Path, n_layers: int | None, id_prefix: str) -> ImportResul
 
 
 def engine_layers(client: ControlClient) -> int | None:
-    """The attached engine's decoder layers (rank 0), or ``None`` without one."""
-    engine = client.slots().get("engine")
+    """The attached engine's decoder layers (rank 0), or ``None`` without one (the uploads
+    will say so; a GGUF file asks for --model-layers first)."""
+    try:
+        engine = client.slots().get("engine")
+    except ControlApiError as e:
+        if e.status == 503:
+            return None
+        raise
     return None if engine is None else int(engine["n_layers"])
 
 

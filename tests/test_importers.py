@@ -19,7 +19,7 @@ import numpy as np
 import pytest
 import torch
 
-from hotwire.control_api.cli import EXIT_CONFLICT, EXIT_FILE, EXIT_OK, main
+from hotwire.control_api.cli import EXIT_CONFLICT, EXIT_ERROR, EXIT_FILE, EXIT_OK, main
 from hotwire.engine_plugin.startup import load_dir
 from hotwire.shared.importers import VectorImportError, import_path
 from hotwire.shared.mailbox import ANY_LAYER
@@ -535,3 +535,16 @@ def test_cli_import_with_a_problem_uploads_nothing(rig, capsys, tmp_path):
     gguf_path = write_gguf(tmp_path / "big.gguf", {"direction.2": exact_vector(FP.hidden, seed=4)})
     status, _, err = cli(capsys, rig, str(gguf_path), "--model-layers", "2")
     assert status == EXIT_FILE and "names layer 2, but the model has 2" in err
+
+
+def test_cli_import_without_an_engine_asks_for_the_layer_count(tmp_path, capsys):
+    rig = Rig(tmp_path / "rig")
+    rig.start_api()  # no engine attached: GET /steer/slots is 503
+    try:
+        path = write_gguf(tmp_path / "cv.gguf", {"direction.1": exact_vector(FP.hidden, seed=5)})
+        status, _, err = cli(capsys, rig, str(path))
+        assert status == EXIT_FILE and "needs the model's layer count" in err
+        status, _, err = cli(capsys, rig, str(path), "--model-layers", str(FP.n_layers))
+        assert status == EXIT_ERROR and "no_engine" in err  # read fine; the upload needs an engine
+    finally:
+        rig.stop()
