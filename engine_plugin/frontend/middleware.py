@@ -34,15 +34,22 @@ MODELS = "/v1/models"
 class HotwireMiddleware:
     def __init__(self, app: ASGIApp):
         self.app = app
-        settings, cfg = FrontendSettings.from_env(), HotwireConfig.from_env()
-        self.presets = (None if settings.control_url is None else
-                        PresetSource(settings.control_url, settings.read_token, settings.presets_ttl_s))
+        self.presets: PresetSource | None = None
+        self.planner: Planner | None = None
+        try:
+            settings, cfg = FrontendSettings.from_env(), HotwireConfig.from_env()
+        except ValueError:  # the engine cannot read them either, and serves unsteered
+            log.exception("hotwire: bad settings; the API server passes requests on unchecked")
+            return
+        if settings.control_url is not None:
+            self.presets = PresetSource(settings.control_url, settings.read_token,
+                                        settings.presets_ttl_s)
         self.planner = Planner(settings.strict, EngineView(cfg.mailbox, cfg.entries), self.presets)
         log.info("hotwire: API server checks specs before the engine (strict %s, presets from %s)",
                  "on" if settings.strict else "off", settings.control_url or "nowhere")
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] == "http":
+        if scope["type"] == "http" and self.planner is not None:
             path = _route(scope)
             if scope["method"] == "POST" and path in GENERATE:
                 return await self._generate(scope, receive, send)
