@@ -10,6 +10,7 @@ accepts is one the engine can parse; a preset cannot name another preset.
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass
 from typing import Any
 
@@ -48,6 +49,11 @@ def check_entries(entries: list[dict[str, Any]]) -> tuple[dict[str, Any], ...]:
                            "a preset cannot contain presets; list that preset's entries instead")
         _parse(entry, f"entries[{i}]: ")
     _parse(list(entries), "")
+    try:
+        json.dumps(entries, allow_nan=False)
+    except ValueError:
+        raise ApiError(422, "bad_entries", "entries hold a non-finite number, which JSON cannot "
+                       "carry") from None
     return tuple(entries)
 
 

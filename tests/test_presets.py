@@ -114,6 +114,8 @@ BAD_BODIES = {  # body -> (status, code, a piece of the message)
     "unknown field": ({"name": "p", "entries": CALM, "pin": True}, 422, "invalid_request", "pin"),
     "long description": ({"name": "p", "entries": CALM, "description": "x" * 1025}, 422,
                          "invalid_request", "description"),
+    "NUL in the description": ({"name": "p", "entries": CALM, "description": "a\x00b"}, 422,
+                               "invalid_request", "description"),
 }
 
 
@@ -129,8 +131,12 @@ def test_bodies_that_are_not_json_or_too_large_are_refused(rig):
     error_of(r, 415, "unsupported_media_type")
     huge = {"name": "p", "entries": CALM, "description": "x" * 100_000}
     error_of(rig.http.post("/steer/presets", json=huge), 413, "too_large")
-    r = rig.http.post("/steer/presets", content=b"{not json", headers={"content-type": "application/json"})
-    error_of(r, 422, "invalid_request")
+    json_type = {"content-type": "application/json"}
+    error_of(rig.http.post("/steer/presets", content=b"{not json", headers=json_type), 422,
+             "invalid_request")
+    infinite = b'{"name": "p", "entries": [{"id": "a", "layer": 1, "gate": {"threshold": 1e999}}]}'
+    r = rig.http.post("/steer/presets", content=infinite, headers=json_type)
+    assert r.status_code == 422, r.text  # refused, by the parser or as a non-finite number
     error_of(rig.http.get("/steer/presets/bad%20name"), 422, "invalid_request")
     assert presets_of(rig.http) == {}
 

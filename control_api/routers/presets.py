@@ -32,7 +32,8 @@ class PresetIn(BaseModel):
         description=f"at most {MAX_ENTRIES} spec entries, as a request's `hotwire` spec holds "
         "them (`id`, `layer` or `layers`, `scale`, `mode`, `positions`, ...); the vectors need "
         "not be registered yet")
-    description: str | None = Field(None, max_length=MAX_DESCRIPTION_CHARS)
+    description: str | None = Field(None, max_length=MAX_DESCRIPTION_CHARS, pattern=r"^[^\x00]*$",
+                                    description="free text, without NUL characters")
     replace: bool = Field(False, description="replace a preset of this name")
 
 
