@@ -269,9 +269,13 @@ def test_models_lists_presets_under_the_base_model(rig, client):
 
 
 def test_unknown_preset_model_is_a_404_like_an_unknown_adapter(client):
-    status, error, _ = refused(complete, client, model="tiny:fe-absent")
-    assert status == 404 and error["type"] == "NotFoundError"
-    assert refused(complete, client, model="no-such-model")[0] == 404  # vLLM's own answer
+    status, error, header = refused(complete, client, model="tiny:fe-absent")
+    assert (status, error["type"], error["param"]) == (404, "NotFoundError", "model")
+    assert error["message"] == "The model `tiny:fe-absent` does not exist."  # as vLLM words it
+    assert header == "unsteered; reason=preset_unresolved"  # hotwire's answer, not vLLM's
+    status, theirs, _ = refused(complete, client, model="no-such-model")  # vLLM's own answer
+    assert (status, {**theirs, "message": ""}) == (404, {**error, "message": ""})
+    assert theirs["message"].startswith("The model `no-such-model` does not exist.")
     with pytest.raises(openai.NotFoundError):
         chat(client, model="tiny:fe-absent")
 
