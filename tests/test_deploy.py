@@ -1,14 +1,18 @@
 """Deployment files agree with the code: compose, Kubernetes and the Dockerfiles.
 
-No container engine here, so these read the files: the mailbox path and its memory-backed,
-shared directory; ports and probes against what the apps serve (the control API's route table,
-vLLM's own source); environment variables against what the code reads; images that install
-this repository.
+These read the files (docs/deploy.md records the control-API image built and run with Podman):
+the compose file against the compose specification's JSON schema and the interpolation forms
+podman-compose 1.0 reads as Docker Compose does; the mailbox path, its memory-backed shared
+directory and the group that lets the control API open it; ports and probes against what the
+apps serve (the control API's route table, a real control API with no engine or a stale one,
+vLLM's own source); environment variables against what the code reads; images that install this
+repository, under names that say their registry.
 """
 
 from __future__ import annotations
 
 import importlib.util
+import json
 import posixpath
 import re
 import shlex
@@ -18,11 +22,16 @@ from urllib.parse import urlparse
 import pytest
 import yaml
 
+from control_harness import Rig, wait_until
 from hotwire.control_api.app import create_app
 from hotwire.control_api.settings import Settings
 
 ROOT = Path(__file__).resolve().parents[1]
-COMPOSE = yaml.safe_load((ROOT / "docker-compose.yml").read_text())
+COMPOSE_TEXT = (ROOT / "docker-compose.yml").read_text()
+COMPOSE = yaml.safe_load(COMPOSE_TEXT)
+# https://github.com/compose-spec/compose-spec/blob/a08f8d51631b7127ddac3d2c65537db429d0f1d0/schema/compose-spec.json
+# (Apache-2.0, tests/data/compose-spec.LICENSE), unmodified
+COMPOSE_SCHEMA = ROOT / "tests" / "data" / "compose-spec.json"
 VLLM_PORT_DEFAULT = 8000
 
 
@@ -74,6 +83,13 @@ def _dockerfile_env(steps: list[tuple[str, str]]) -> dict[str, str]:
     return {key: value for key, value in pairs}
 
 
+def _fully_qualified(image: str) -> bool:
+    """A reference that names its registry: Docker Hub is not everyone's default (Podman asks,
+    or refuses, for a short name)."""
+    first, _, rest = image.partition("/")
+    return bool(rest) and ("." in first or ":" in first or first == "localhost")
+
+
 def _dockerfile(path: str) -> list[tuple[str, str]]:
     """``(INSTRUCTION, arguments)`` with line continuations joined."""
     text = re.sub(r"\\\n", " ", (ROOT / path).read_text())
@@ -85,6 +101,10 @@ def _dockerfile(path: str) -> list[tuple[str, str]]:
 
 SERVICES = COMPOSE["services"]
 VLLM, CONTROL = SERVICES["vllm"], SERVICES["control-api"]
+
+
+def _builds(service: dict, dockerfile: str) -> bool:
+    return service.get("build", {}).get("dockerfile") == dockerfile
 
 
 def _volume_at(service: dict, target: str) -> str:
@@ -152,10 +172,77 @@ def test_compose_control_api_listens_on_every_interface_it_publishes():
     assert _flag(VLLM["command"], "--host") == "0.0.0.0"
 
 
-def test_compose_passes_both_tokens():
+def test_compose_requires_the_write_token_and_passes_the_read_token_on():
     env = CONTROL["environment"]
-    assert env["HOTWIRE_TOKEN"] == "${HOTWIRE_TOKEN:-}"
-    assert env["HOTWIRE_READ_TOKEN"] == "${HOTWIRE_READ_TOKEN:-}"
+    assert re.fullmatch(r"\$\{HOTWIRE_TOKEN:\?[^}]+\}", env["HOTWIRE_TOKEN"]), \
+        "no token, no start: compose stops with the message"
+    assert env["HOTWIRE_READ_TOKEN"] is None, "no value: taken from the environment if set there"
+
+
+def test_compose_file_follows_the_compose_specification():
+    jsonschema = pytest.importorskip("jsonschema")
+    schema = json.loads(COMPOSE_SCHEMA.read_text())
+    jsonschema.Draft7Validator.check_schema(schema)
+    errors = [f"{e.json_path}: {e.message}" for e in jsonschema.Draft7Validator(schema).iter_errors(COMPOSE)]
+    assert errors == []
+    broken = {**COMPOSE, "services": {**SERVICES, "vllm": {**VLLM, "shm-size": "8gb"}}}
+    assert list(jsonschema.Draft7Validator(schema).iter_errors(broken)), "the schema checks services"
+
+
+def _interpolations(text: str) -> list[str]:
+    """Every ``${...}`` outside comments."""
+    values = [line.split(" #")[0] for line in text.splitlines() if not line.lstrip().startswith("#")]
+    return re.findall(r"\$\{[^}]*\}", "\n".join(values))
+
+
+# What Docker Compose and podman-compose 1.0 (Debian 12) both substitute: ${X:-} and ${X-} are
+# left as they stand by the latter, so a container would get the literal text.
+PORTABLE = re.compile(r"\$\{\w+(:\?[^}]+|:-[^}]+)?\}")
+
+
+def test_compose_interpolates_only_what_podman_compose_reads_too():
+    found = _interpolations(COMPOSE_TEXT)
+    assert found
+    assert [x for x in found if not PORTABLE.fullmatch(x)] == []
+    assert [x for x in ("${X:-}", "${X-}", "${X-a}") if PORTABLE.fullmatch(x)] == []
+
+
+def test_compose_requires_only_the_write_token():
+    # Compose interpolates every service, whatever the profile: a required variable of the
+    # replicas profile would stop a plain `docker compose up`.
+    required = {re.match(r"\$\{(\w+)", x).group(1) for x in _interpolations(COMPOSE_TEXT) if ":?" in x}
+    assert required == {"HOTWIRE_TOKEN"}
+
+
+def test_compose_mailbox_volumes_are_tmpfs_with_options_podman_accepts():
+    mailboxes = {_volume_at(s, "/dev/shm/hotwire") for s in SERVICES.values()
+                 if "HOTWIRE_MAILBOX" in s.get("environment", {})}
+    assert len(mailboxes) == 3
+    for name in mailboxes:
+        opts = COMPOSE["volumes"][name]["driver_opts"]
+        assert opts["type"] == "tmpfs" and opts["device"] == "tmpfs"
+        assert "size=" not in opts.get("o", ""), "Podman refuses size= for a local volume"
+
+
+def test_compose_names_images_under_a_registry_prefix():
+    built = {name: svc for name, svc in SERVICES.items() if "build" in svc}
+    for name, svc in built.items():
+        assert re.fullmatch(r"\$\{HOTWIRE_REGISTRY:-localhost\}/hotwire/[a-z-]+:[\w.-]+", svc["image"]), name
+    for name, svc in SERVICES.items():
+        assert _fully_qualified(svc["image"].replace("${HOTWIRE_REGISTRY:-localhost}", "localhost")), name
+
+
+CONTROL_IMAGE_GID = re.search(r"groupadd .*--gid (\d+)", (ROOT / "deploy/Dockerfile.control-api").read_text())
+
+
+def test_compose_engine_gives_the_mailbox_the_control_apis_group():
+    """The engine creates the mailbox 0660; the control API's image runs as a user of its own."""
+    gid = CONTROL_IMAGE_GID.group(1)
+    dockerfile = (ROOT / "deploy/Dockerfile.control-api").read_text()
+    assert re.search(rf"useradd .*--gid {gid} .*hotwire", dockerfile) and "USER hotwire" in dockerfile
+    for svc in SERVICES.values():
+        if _builds(svc, "deploy/Dockerfile.vllm"):
+            assert svc["environment"]["HOTWIRE_MAILBOX_GROUP"] == gid
 
 
 def test_compose_env_names_are_read_by_the_code():
@@ -176,10 +263,6 @@ def test_compose_builds_from_the_repository_dockerfiles(service, dockerfile):
 PROFILE = "replicas"
 REPLICA_SERVICES = {name: svc for name, svc in SERVICES.items() if PROFILE in svc.get("profiles", [])}
 [(PG_NAME, POSTGRES)] = [(n, s) for n, s in REPLICA_SERVICES.items() if "postgres" in s["image"]]
-
-
-def _builds(service: dict, dockerfile: str) -> bool:
-    return service.get("build", {}).get("dockerfile") == dockerfile
 
 
 REPLICA_CONTROLS = {name: svc for name, svc in REPLICA_SERVICES.items()
@@ -207,7 +290,16 @@ def test_compose_replicas_profile_is_postgres_and_two_pairs():
     registry, _, rest = POSTGRES["image"].partition("/")
     assert "." in registry and re.fullmatch(r"library/postgres:\d+", rest), \
         "a fully qualified, major-pinned image: registries other than Docker Hub may be the default"
-    assert POSTGRES["healthcheck"]["test"][:2] == ["CMD", "pg_isready"]
+    assert POSTGRES["healthcheck"]["test"][0] == "CMD-SHELL"
+    assert POSTGRES["healthcheck"]["test"][1].startswith("pg_isready ")
+
+
+def test_compose_health_checks_are_shell_lines():
+    # podman-compose 1.0 joins a CMD list into one broken shell word; CMD-SHELL means the same to both
+    for name, svc in SERVICES.items():
+        test = svc["healthcheck"]["test"]
+        assert test[0] == "CMD-SHELL" and len(test) == 2, name
+        assert shlex.split(test[1]), name
 
 
 def test_compose_naming_the_control_apis_starts_the_whole_profile():
@@ -247,15 +339,9 @@ def test_compose_replicas_share_one_dsn_with_the_password_from_the_environment()
     pg = POSTGRES["environment"]
     assert url.scheme == "postgresql" and url.hostname == PG_NAME and url.port == 5432
     assert url.username == pg["POSTGRES_USER"] and url.path == f"/{pg['POSTGRES_DB']}"
-    variable = re.fullmatch(r"\$\{(\w+):-\}", url.password or "")
+    variable = re.fullmatch(r"\$\{(\w+)\}", url.password or "")
     assert variable, "the password is interpolated from the environment, never written here"
-    assert pg["POSTGRES_PASSWORD"] == "${" + variable.group(1) + ":-}"
-
-
-def test_compose_never_requires_a_variable():
-    # Compose interpolates every service, whatever the profile: `${X:?}` in the replicas profile
-    # would stop a plain `docker compose up`.
-    assert not re.search(r"\$\{\w+:?\?", (ROOT / "docker-compose.yml").read_text())
+    assert pg["POSTGRES_PASSWORD"] == "${" + variable.group(1) + "}"
 
 
 def test_compose_replica_names_are_distinct():
@@ -320,7 +406,7 @@ def _installs_repo(steps: list[tuple[str, str]], no_deps: bool,
 
 def test_vllm_image_adds_hotwire_to_the_pinned_vllm_image():
     steps = _dockerfile("deploy/Dockerfile.vllm")
-    assert steps[0] == ("FROM", "vllm/vllm-openai:v0.25.1")
+    assert steps[0] == ("FROM", "docker.io/vllm/vllm-openai:v0.25.1")
     _installs_repo(steps, no_deps=True)
     env = _dockerfile_env(steps)
     assert _hotwire_names(env) <= ENGINE_ENV
@@ -330,7 +416,7 @@ def test_vllm_image_adds_hotwire_to_the_pinned_vllm_image():
 
 def test_control_api_image_runs_the_console_script():
     steps = _dockerfile("deploy/Dockerfile.control-api")
-    assert steps[0] == ("FROM", "python:3.11-slim")
+    assert steps[0] == ("FROM", "docker.io/library/python:3.11-slim")
     _installs_repo(steps, no_deps=False, extras={"postgres"})  # one image for SQLite and replicas
     assert ("ENTRYPOINT", '["hotwire"]') in steps and ("CMD", '["control-api"]') in steps
     assert _pyproject()["project"]["scripts"]["hotwire"] == "hotwire.control_api.cli:main"
@@ -417,24 +503,86 @@ def test_k8s_probes_hit_real_endpoints_on_the_listening_ports(k8s):
     for probe in ("startupProbe", "readinessProbe", "livenessProbe"):
         get = vllm[probe]["httpGet"]
         assert _port(vllm, get["port"]) == 8000 and _vllm_has_get(get["path"])
-    assert control["readinessProbe"]["httpGet"]["path"] == "/readyz"
-    assert control["livenessProbe"]["httpGet"]["path"] == "/healthz"
-    for probe in ("readinessProbe", "livenessProbe"):
-        get = control[probe]["httpGet"]
-        assert ("GET", get["path"]) in CONTROL_ROUTES
-        assert _port(control, get["port"]) == control_port
+    get = control["livenessProbe"]["httpGet"]
+    assert get["path"] == LIVENESS and ("GET", get["path"]) in CONTROL_ROUTES
+    assert _port(control, get["port"]) == control_port
+
+
+LIVENESS = "/healthz"
 
 
 @MANIFESTS
-def test_k8s_service_routes_to_the_pod_ports(k8s):
+def test_k8s_pod_readiness_is_the_engines_alone(k8s):
+    """A pod is ready when all its containers are: a control-API readiness probe would take the
+    OpenAI API out of its Service whenever the control plane is unwell."""
+    assert "readinessProbe" not in k8s.containers["control-api"]
+    assert "startupProbe" not in k8s.containers["control-api"]
+    assert set(k8s.containers) == {"vllm", "control-api"}
+
+
+def test_the_control_api_liveness_probe_holds_while_readyz_fails(tmp_path):
+    """On a real control API: no engine, an engine with nothing armed, a stale heartbeat. Each
+    makes /readyz fail; the liveness path stays 200, so the kubelet restarts nothing."""
+    rig = Rig(tmp_path, heartbeat_timeout_s=1.0)
+    try:
+        http = rig.start_api()
+        states = {"no engine": http.get("/readyz").status_code}
+        engine = rig.start_engine(armed=())
+        wait_until(lambda: "armed" in http.get("/readyz").text, what="the unarmed engine seen")
+        states["nothing armed"] = http.get("/readyz").status_code
+        assert http.get(LIVENESS).status_code == 200
+        engine.stop()
+        rig.engine = rig.start_engine()
+        wait_until(lambda: http.get("/readyz").status_code == 200, what="ready")
+        rig.engine.paused.set()
+        wait_until(lambda: http.get("/readyz").status_code == 503, what="a stale heartbeat")
+        states["stale heartbeat"] = 503
+        assert states == dict.fromkeys(states, 503)
+        assert http.get(LIVENESS).status_code == 200
+    finally:
+        rig.stop()
+
+
+def _service_targets(k8s: _Manifest, service: dict) -> dict[str, set[int]]:
+    """Container name -> the ports of it ``service`` routes to."""
+    owner = {p["name"]: (name, p["containerPort"]) for name, c in k8s.containers.items() for p in c["ports"]}
+    found: dict[str, set[int]] = {}
+    for port in service["spec"]["ports"]:
+        container, number = owner[port["targetPort"]]
+        assert port["port"] == number
+        found.setdefault(container, set()).add(number)
+    return found
+
+
+@MANIFESTS
+def test_k8s_openai_and_control_apis_have_services_of_their_own(k8s):
     labels = k8s.workload["spec"]["template"]["metadata"]["labels"]
-    named = {p["name"]: p["containerPort"] for c in k8s.containers.values() for p in c["ports"]}
-    assert k8s.services
+    by_container: dict[str, list[dict]] = {}
     for service in k8s.services:
         assert service["spec"]["selector"].items() <= labels.items()
         assert k8s.workload["spec"]["selector"]["matchLabels"] == service["spec"]["selector"]
-        assert {p["port"]: named[p["targetPort"]] for p in service["spec"]["ports"]} == \
-            {8000: 8000, 8001: 8001}
+        [(container, ports)] = _service_targets(k8s, service).items()  # one container each
+        by_container.setdefault(container, []).append(service)
+        assert ports == ({8000} if container == "vllm" else {8001})
+    [openai], [control] = by_container["vllm"], by_container["control-api"]
+    assert not openai["spec"].get("publishNotReadyAddresses"), "only ready engines take traffic"
+    assert control["spec"]["publishNotReadyAddresses"] is True, "reachable while the engine is not"
+    assert openai["metadata"]["name"] == k8s.workload["metadata"]["name"]  # the name clients use
+
+
+@MANIFESTS
+def test_k8s_images_say_their_registry_as_compose_names_them(k8s):
+    for name, container in k8s.containers.items():
+        assert _fully_qualified(container["image"])
+        compose = SERVICES["vllm" if name == "vllm" else "control-api"]["image"]
+        assert container["image"] == compose.replace("${HOTWIRE_REGISTRY:-localhost}", "localhost")
+
+
+@MANIFESTS
+def test_k8s_engine_gives_the_mailbox_the_control_apis_group(k8s):
+    gid = CONTROL_IMAGE_GID.group(1)
+    assert _env(k8s.containers["vllm"])["HOTWIRE_MAILBOX_GROUP"] == gid
+    assert str(k8s.pod["securityContext"]["fsGroup"]) == gid
 
 
 def test_k8s_keeps_the_catalog_on_the_claim():
