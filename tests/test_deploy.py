@@ -19,6 +19,7 @@ import shlex
 from pathlib import Path
 from urllib.parse import urlparse
 
+import jsonschema
 import pytest
 import yaml
 
@@ -180,7 +181,6 @@ def test_compose_requires_the_write_token_and_passes_the_read_token_on():
 
 
 def test_compose_file_follows_the_compose_specification():
-    jsonschema = pytest.importorskip("jsonschema")
     schema = json.loads(COMPOSE_SCHEMA.read_text())
     jsonschema.Draft7Validator.check_schema(schema)
     errors = [f"{e.json_path}: {e.message}" for e in jsonschema.Draft7Validator(schema).iter_errors(COMPOSE)]
