@@ -17,7 +17,12 @@ import torch
 import triton
 import triton.language as tl
 
-from .interventions import ABLATE, CLAMP, CLAMP_HI, CLAMP_LO, COEF, MODE, NORM, POS_HI, POS_LO, ROW, WORDS
+from . import interventions as iv
+
+# the route-table layout, as constants the kernel may read
+ROW, POS_LO, POS_HI, MODE, COEF, CLAMP_LO, CLAMP_HI, WORDS = (
+    tl.constexpr(w) for w in (iv.ROW, iv.POS_LO, iv.POS_HI, iv.MODE, iv.COEF, iv.CLAMP_LO, iv.CLAMP_HI, iv.WORDS))
+NORM, ABLATE, CLAMP = (tl.constexpr(m) for m in (iv.NORM, iv.ABLATE, iv.CLAMP))
 
 
 @triton.jit
@@ -78,7 +83,7 @@ def launch(x: torch.Tensor, residual: torch.Tensor | None, positions: torch.Tens
     # x, residual: [T, H]; positions: [T]; bank: [S+1, H]; route: [N>=T, K, 8] int32, a strided view
     x, positions = x.contiguous(), positions.contiguous()  # no-ops here
     residual = residual.contiguous() if residual is not None else None
-    if route.stride(1) != WORDS or route.stride(2) != 1:
+    if route.stride(1) != iv.WORDS or route.stride(2) != 1:
         route = route.contiguous()
     out = torch.empty_like(x)
     n, h = x.shape

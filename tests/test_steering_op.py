@@ -365,3 +365,34 @@ def test_compile_salt_names_the_op_source():
     assert f"op={digest}" in salts.compile_salt(None)
     src = b"".join((Path(salts.__file__).parent / f).read_bytes() for f in salts._OP_SOURCES)
     assert b"hotwire::steer" in src and b"@triton.jit" in src  # the op and its kernel are both hashed
+
+
+_INTERPRETED = """
+import sys, torch
+sys.path.insert(0, {tests!r})
+from test_steering_op import _random_tables
+from hotwire.engine_plugin.steer_op import reference
+from hotwire.engine_plugin.steer_triton import launch
+for n, h in [(1, 64), (7, 100), (5, 1088)]:
+    for dtype in (torch.float32, torch.bfloat16):
+        x, res, pos, bank, route = _random_tables(n, h, dtype, "cpu", seed=n)
+        for layer, r in zip(range(3), (res, None, res)):
+            got, want = launch(x, r, pos, bank, route[:, layer]), reference(x, r, pos, bank, route[:, layer])
+            off = ~((pos[:, None] >= route[:, layer, :, 1]) & (pos[:, None] < route[:, layer, :, 2])).any(1)
+            assert torch.equal(got[off].view(torch.uint8), x[off].view(torch.uint8)), (n, h, dtype)
+            torch.testing.assert_close(got, want, rtol=1e-2 if dtype != torch.float32 else 1e-5, atol=1e-2)
+print("kernel ok")
+"""
+
+
+def test_triton_kernel_matches_the_reference_in_the_interpreter():
+    """The CUDA kernel's code, run by Triton's interpreter on the CPU: every mode, with and without
+    a residual, several blocks per token (the GPU test repeats this on the H200)."""
+    import subprocess
+    import sys
+
+    pytest.importorskip("triton")
+    env = {**__import__("os").environ, "TRITON_INTERPRET": "1"}
+    run = subprocess.run([sys.executable, "-c", _INTERPRETED.format(tests=str(Path(__file__).parent))],
+                         env=env, capture_output=True, text=True, timeout=600)
+    assert run.returncode == 0 and "kernel ok" in run.stdout, run.stderr[-3000:]
