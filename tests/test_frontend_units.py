@@ -1,9 +1,14 @@
-"""The API server's pure decisions: its settings, and which model names are presets."""
+"""The API server's pure decisions: its settings, which routes it works on, and which model
+names are presets."""
 
 from __future__ import annotations
 
+from fastapi import FastAPI, Request
+from pydantic import BaseModel
+
 from hotwire.engine_plugin.frontend.models import ServedModels, with_presets
 from hotwire.engine_plugin.frontend.presets import Preset
+from hotwire.engine_plugin.frontend.routes import steerable_paths
 from hotwire.engine_plugin.frontend.settings import FrontendSettings
 
 LISTING = {"object": "list", "data": [
@@ -43,3 +48,34 @@ def test_presets_are_listed_under_each_base_model():
     cards = {c["id"]: c for c in listed["data"]}
     assert set(cards) == {"tiny", "tiny:ft", "tiny:calm"}
     assert cards["tiny:calm"] == {**cards["tiny"], "id": "tiny:calm", "parent": "tiny", "created": 7}
+
+
+class WithXargs(BaseModel):
+    prompt: str
+    vllm_xargs: dict[str, str] | None = None
+
+
+class WithoutXargs(BaseModel):  # vLLM 0.25's Anthropic request: a spec there would be dropped
+    prompt: str
+
+
+def test_only_routes_whose_request_carries_vllm_xargs_are_worked_on():
+    app = FastAPI()
+
+    @app.post("/v1/completions")
+    async def completions(request: WithXargs, raw_request: Request):
+        return {}
+
+    @app.post("/v1/chat/completions")
+    async def chat(request: WithXargs | None, raw_request: Request):
+        return {}
+
+    @app.post("/v1/messages")
+    async def messages(request: WithoutXargs, raw_request: Request):
+        return {}
+
+    @app.get("/v1/responses")  # not a POST
+    async def responses(request: Request):
+        return {}
+
+    assert steerable_paths(app) == {"/v1/completions", "/v1/chat/completions"}

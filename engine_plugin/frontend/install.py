@@ -5,9 +5,9 @@ after the server's modules are imported and before the app is built; the module 
 build the app are bound by name in several modules, and they moved between vLLM versions. What
 every version shares is a FastAPI app, whose middleware stack Starlette builds on the app's
 first ASGI call. So the class method that builds it is wrapped (on whichever class of FastAPI's
-MRO defines it): an app that serves vLLM's OpenAI routes gets the middleware appended to its
-user middleware, innermost, inside vLLM's CORS and ``--api-key`` middleware. Other apps are
-left alone.
+MRO defines it): an app with generation routes that take ``vllm_xargs`` (:mod:`.routes`) gets the
+middleware appended to its user middleware, innermost, inside vLLM's CORS and ``--api-key``
+middleware. Other apps are left alone.
 """
 
 from __future__ import annotations
@@ -19,11 +19,10 @@ from typing import Any
 
 from starlette.middleware import Middleware
 
-from .middleware import GENERATE, MODELS, HotwireMiddleware
+from .middleware import HotwireMiddleware
+from .routes import steerable_paths
 
 log = logging.getLogger("vllm.hotwire")
-
-_OPENAI_ROUTES = GENERATE | {MODELS}
 
 
 def patch_fastapi(module: ModuleType) -> None:
@@ -39,14 +38,13 @@ def patch_fastapi(module: ModuleType) -> None:
 
     @functools.wraps(build)
     def build_middleware_stack(self: Any):
-        if _serves_openai(self) and not any(m.cls is HotwireMiddleware for m in self.user_middleware):
-            self.user_middleware.append(Middleware(HotwireMiddleware))
+        user = getattr(self, "user_middleware", None)
+        if isinstance(user, list) and not any(m.cls is HotwireMiddleware for m in user):
+            paths = steerable_paths(self)
+            if paths:
+                user.append(Middleware(HotwireMiddleware, paths=paths))
         return build(self)
 
     build_middleware_stack.__hotwire__ = True
     owner.build_middleware_stack = build_middleware_stack
 
-
-def _serves_openai(app: Any) -> bool:
-    return isinstance(getattr(app, "user_middleware", None), list) and \
-        any(getattr(route, "path", None) in _OPENAI_ROUTES for route in getattr(app, "routes", ()))

@@ -1,10 +1,9 @@
 """The ASGI middleware hotwire puts into vLLM's OpenAI server (see :mod:`.install`).
 
-It works on HTTP only, so it holds across vLLM versions: generation requests
-(``POST /v1/completions``, ``/v1/chat/completions``, ``/v1/responses``, ``/v1/messages``) are read
-whole, planned (:mod:`.plan`), refused or sent on rewritten, and their response carries the
-``x-hotwire`` header from its first message (streams included); ``GET /v1/models`` gains the
-presets. It sits inside vLLM's own middleware (CORS, ``--api-key``): a request it sees is
+It works on HTTP only, so it holds across vLLM versions: generation requests (``POST`` to the
+paths of :data:`.routes.GENERATE` whose routes take ``vllm_xargs``) are read whole, planned
+(:mod:`.plan`), refused or sent on rewritten, and their response carries the ``x-hotwire`` header
+from its first message (streams included); ``GET /v1/models`` gains the presets. It sits inside vLLM's own middleware (CORS, ``--api-key``): a request it sees is
 authenticated. Whatever fails inside hotwire, the request goes on as it came: hotwire never
 keeps vLLM from serving.
 """
@@ -22,18 +21,18 @@ from .engine_view import EngineView
 from .models import ServedModels, with_presets
 from .plan import Planner, Refusal
 from .presets import PresetSource, PresetsUnavailable
+from .routes import MODELS
 from .settings import FrontendSettings
 from .verdict import HEADER
 
 log = logging.getLogger("vllm.hotwire")
 
-GENERATE = frozenset({"/v1/completions", "/v1/chat/completions", "/v1/responses", "/v1/messages"})
-MODELS = "/v1/models"
 
 
 class HotwireMiddleware:
-    def __init__(self, app: ASGIApp):
-        self.app = app
+    def __init__(self, app: ASGIApp, paths: frozenset[str]):
+        """``paths``: the generation paths to work on (:func:`.routes.steerable_paths`)."""
+        self.app, self.paths = app, paths
         self.presets: PresetSource | None = None
         self.planner: Planner | None = None
         try:
@@ -45,13 +44,14 @@ class HotwireMiddleware:
             self.presets = PresetSource(settings.control_url, settings.read_token,
                                         settings.presets_ttl_s)
         self.planner = Planner(settings.strict, EngineView(cfg.mailbox, cfg.entries), self.presets)
-        log.info("hotwire: API server checks specs before the engine (strict %s, presets from %s)",
-                 "on" if settings.strict else "off", settings.control_url or "nowhere")
+        log.info("hotwire: API server checks specs on %s before the engine (strict %s, presets "
+                 "from %s)", ", ".join(sorted(paths)), "on" if settings.strict else "off",
+                 settings.control_url or "nowhere")
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] == "http" and self.planner is not None:
             path = _route(scope)
-            if scope["method"] == "POST" and path in GENERATE:
+            if scope["method"] == "POST" and path in self.paths:
                 return await self._generate(scope, receive, send)
             if scope["method"] == "GET" and path == MODELS and self.presets is not None:
                 return await self._models(scope, receive, send)
