@@ -1,5 +1,6 @@
 """The control API's ``/metrics``, scraped from a real server on a real mailbox, against
-Prometheus' naming rules, and the README's metric names against what is exposed.
+Prometheus' naming rules; the README's metric names, and the series and labels the alert rules
+and the Grafana dashboard in deploy/ query, against what is exposed.
 
 Known violations are listed in :data:`KNOWN`: fixing them renames series that other tests or the
 README use. A new violation fails, and so does a listed one that is gone (prune the list).
@@ -13,6 +14,7 @@ from pathlib import Path
 import pytest
 
 from control_harness import FP, Rig, exact_vector
+from monitoring_files import all_exprs, label_names, series_names
 
 README = Path(__file__).resolve().parents[1] / "README.md"
 NAME = re.compile(r"[a-zA-Z_:][a-zA-Z0-9_:]*")
@@ -24,6 +26,10 @@ UNIT_WORDS = {"second", "seconds", "sec", "secs", "ms", "millis", "milliseconds"
               "kb", "mb", "gb", "kib", "mib", "gib", "age", "duration", "latency", "time"}
 HTTP_STATUS_LABELS = {"status", "status_code", "http_status", "http_code"}
 HISTOGRAM_SUFFIXES = ("_count", "_sum", "_bucket")
+# A metric name in the README; a quoted one is a request field ("hotwire_strict": true)
+README_METRIC = re.compile(r'(?<!["\w])hotwire_[a-z_]+(?!["\w])')
+# Labels Prometheus adds to every scraped series (the ServiceMonitor adds pod, namespace, ...)
+TARGET_LABELS = {"instance", "job"}
 
 KNOWN: set[str] = set()
 
@@ -99,7 +105,7 @@ def naming_violations(text: str) -> set[str]:
 def readme_violations(text: str) -> set[str]:
     """README metric names that the exposition does not have."""
     exposed = set(families(text)) | set(sample_labels(text))
-    named = set(re.findall(r"hotwire_[a-z_]+", README.read_text()))
+    named = set(README_METRIC.findall(README.read_text()))
     bad = set()
     for name in sorted(named - exposed):
         hint = f", exposed as {name}_total" if f"{name}_total" in exposed else " (not exposed)"
@@ -118,7 +124,7 @@ def test_every_metric_follows_prometheus_naming_rules(exposition):
 
 
 def test_every_metric_the_readme_names_is_exposed(exposition):
-    assert re.findall(r"hotwire_[a-z_]+", README.read_text()), "the README names no metric"
+    assert README_METRIC.findall(README.read_text()), "the README names no metric"
     check(readme_violations(exposition), {k for k in KNOWN if k.startswith("README")})
 
 
@@ -141,4 +147,44 @@ def test_the_rules_catch_each_kind_of_violation():
         "(seconds, bytes)",
         "hotwire_wait_seconds_total: HTTP status label 'status', Prometheus' convention is 'code'",
         "process_open_fds: not in the hotwire_ namespace",
+    }
+
+
+def query_violations(text: str, exprs: list[str]) -> set[str]:
+    """Series and labels the expressions use that the exposition does not have."""
+    samples = sample_labels(text)
+    bad = set()
+    for expr in exprs:
+        names = series_names(expr)
+        if not names:
+            bad.add(f"{expr!r}: selects no series")
+        for name in sorted(names - set(samples)):
+            hint = f" (exposed as {name}_total)" if f"{name}_total" in samples else ""
+            bad.add(f"{expr!r}: {name} is not exposed{hint}")
+        known = TARGET_LABELS.union(*(samples.get(n, set()) for n in names))
+        for label in sorted(label_names(expr) - known):
+            bad.add(f"{expr!r}: label {label} is on none of {sorted(names)}")
+    return bad
+
+
+def test_alerts_and_dashboard_query_only_exposed_series_and_labels(exposition):
+    exprs = all_exprs()
+    assert len(exprs) >= 20
+    assert query_violations(exposition, exprs) == set()
+
+
+def test_the_query_check_catches_unknown_series_and_labels(exposition):
+    assert query_violations(exposition, [
+        "rate(hotwire_engine_steps_total[5m])",  # fine
+        "rate(hotwire_engine_steps[5m])",  # a counter without _total
+        'sum by (code) (hotwire_slots_used{reason="x"})',  # labels that series does not have
+        "1 > 0",
+    ]) == {
+        "'rate(hotwire_engine_steps[5m])': hotwire_engine_steps is not exposed "
+        "(exposed as hotwire_engine_steps_total)",
+        "'sum by (code) (hotwire_slots_used{reason=\"x\"})': label code is on none of "
+        "['hotwire_slots_used']",
+        "'sum by (code) (hotwire_slots_used{reason=\"x\"})': label reason is on none of "
+        "['hotwire_slots_used']",
+        "'1 > 0': selects no series",
     }
