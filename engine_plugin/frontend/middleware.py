@@ -82,8 +82,8 @@ class HotwireMiddleware:
                 body = json.dumps(with_presets(json.loads(body), await self.presets.all())).encode()
             except PresetsUnavailable as e:
                 log.warning("hotwire: /v1/models lists no presets: %s", e)
-            except ValueError as e:
-                log.warning("hotwire: /v1/models answer not understood (%s); presets not listed", e)
+            except Exception:
+                log.exception("hotwire: presets not listed in /v1/models")
         await send({**start, "headers": _with_length(start.get("headers", []), len(body))})
         await send({"type": "http.response.body", "body": body})
 
