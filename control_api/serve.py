@@ -1,7 +1,7 @@
 """``hotwire control-api``: serve the control API with uvicorn.
 
-Flags override the environment (``HOTWIRE_*``, see :class:`Settings`); the tokens are read from
-``HOTWIRE_TOKEN`` and ``HOTWIRE_READ_TOKEN`` only.
+Flags override the environment (``HOTWIRE_*``, see :class:`Settings`; ``--help`` lists every
+variable); the tokens and the catalog DSN are read from the environment only.
 """
 
 from __future__ import annotations
@@ -9,26 +9,44 @@ from __future__ import annotations
 import argparse
 import logging
 import sys
+import textwrap
 from pathlib import Path
 
 from pydantic import ValidationError
+from pydantic_core import PydanticUndefined
 
 from .settings import Settings
 
 
-AUTH_HELP = """\
-Bearer tokens, from the environment only (a flag would show in ps):
-  HOTWIRE_TOKEN       writes (POST, DELETE); reads accept it too. Unset: writes are open.
-  HOTWIRE_READ_TOKEN  reads (GET /steer/vectors, /steer/vectors/ID, /steer/slots, /metrics).
-                      Unset: reads are open. /healthz and /readyz are always open.
-The default bind is 127.0.0.1; in a container, listen on 0.0.0.0 (--host or HOTWIRE_HOST).
+NOTES = """\
+Bearer tokens and the DSN come from the environment only (a flag would show in ps).
+HOTWIRE_TOKEN guards writes (POST, DELETE), and reads accept it too; HOTWIRE_READ_TOKEN guards
+reads (GET /steer/vectors, /steer/vectors/ID, /steer/slots, /metrics). /healthz and /readyz are
+always open. The default bind is 127.0.0.1; in a container, listen on 0.0.0.0 (--host or
+HOTWIRE_HOST).
 """
+
+
+def _default(field: str) -> str:
+    default = Settings.model_fields[field].default
+    return "" if default is None or default is PydanticUndefined else f" (default {default})"
+
+
+def environment_help(width: int = 100) -> str:
+    """Every setting's variable with what it does, from :class:`Settings`: none can be missed."""
+    lines = ["settings, from the environment (the flag above, where there is one, overrides it):"]
+    column = max(map(len, Settings.ENV.values())) + 4
+    for field, variable in Settings.ENV.items():
+        text = f"{Settings.model_fields[field].description}{_default(field)}"
+        lines += textwrap.wrap(text, width, initial_indent=f"  {variable}".ljust(column),
+                               subsequent_indent=" " * column)
+    return "\n".join(lines) + "\n\n" + NOTES
 
 
 def configure(parser: argparse.ArgumentParser) -> None:
     env = Settings.ENV
     parser.formatter_class = argparse.RawDescriptionHelpFormatter
-    parser.epilog = AUTH_HELP
+    parser.epilog = environment_help()
     parser.add_argument("--host", help=f"interface to listen on (${env['host']}, default "
                         "127.0.0.1; 0.0.0.0 for every interface)")
     parser.add_argument("--port", type=int, help=f"port (${env['port']}, default 8001)")

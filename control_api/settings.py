@@ -40,7 +40,9 @@ class Settings(BaseModel):
 
     mailbox: Path = Field(Path(DEFAULT_MAILBOX), description="engine mailbox file to attach to")
     state_dir: Path = Field(default_factory=default_state_dir,
-                            description="directory of the SQLite catalog")
+                            description="directory of the SQLite catalog (default "
+                            "$XDG_STATE_HOME/hotwire, /var/lib/hotwire as root, else "
+                            "~/.local/state/hotwire)")
     unknown_vectors: Literal["adopt", "retire"] = Field(
         "adopt", description="what to do with engine vectors the catalog does not know")
     token: SecretStr | None = Field(None, description="bearer token for writes; unset = open")
@@ -48,15 +50,15 @@ class Settings(BaseModel):
                                          "token works too); unset = reads open")
     catalog_dsn: SecretStr | None = Field(
         None, description="postgresql:// DSN of a catalog shared by replicas; unset = SQLite in "
-        "state_dir")
+        "the state directory")
     replica: str = Field(default_factory=socket.gethostname, min_length=1,
                          description="this replica's name in the residency reports replicas share "
-                         "(Kubernetes: the pod name)")
+                         "(default: the hostname; Kubernetes: the pod name)")
     max_upload_bytes: int = Field(64 * 2**20, gt=0, description="largest accepted request body")
     heartbeat_timeout_s: float = Field(10.0, gt=0, description="engine heartbeat age that fails /readyz")
     evict_timeout_s: float = Field(5.0, ge=0, description="how long an upload waits for evicted slots")
     host: str = Field("127.0.0.1", description="interface to listen on; containers say 0.0.0.0")
-    port: int = Field(8001, ge=1, le=65535)
+    port: int = Field(8001, ge=1, le=65535, description="port to listen on")
 
     ENV: ClassVar[dict[str, str]] = {
         "mailbox": "HOTWIRE_MAILBOX",
