@@ -62,13 +62,15 @@ class StateCollector(Collector):
         host = CounterMetricFamily("hotwire_engine_host_seconds",
                                    "Time hotwire's per-step work held the engine's step thread",
                                    labels=rank)
+        gates = CounterMetricFamily("hotwire_engine_gate_opened_tokens",
+                                    "Tokens for which a gated entry's gate opened", labels=rank)
         evicted = CounterMetricFamily("hotwire_evicted_vectors", "Vectors evicted to make room",
                                       labels=rank)
         adopted = CounterMetricFamily("hotwire_adopted_vectors",
                                       "Engine vectors the catalog did not know, adopted into it",
                                       labels=rank)
         by_name = {"steered_requests": steered, "mailbox_rows_applied": applied,
-                   "mailbox_torn_reads": torn}
+                   "mailbox_torn_reads": torn, "gate_opened_tokens": gates}
         for manager in self.engines:
             label = [str(manager.rank)]
             view = manager.view()
@@ -91,7 +93,7 @@ class StateCollector(Collector):
             steps.add_metric(label, counters["steps"])
             host.add_metric(label, counters["host_ns"] / 1e9)
         yield from (attached, resident, used, total, heartbeat, lag, steered, unsteered, applied,
-                    torn, steps, host, evicted, adopted)
+                    torn, steps, host, gates, evicted, adopted)
 
 
 class Metrics:

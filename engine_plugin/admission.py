@@ -18,10 +18,10 @@ from typing import Any
 
 import torch
 
-from hotwire.shared.spec import MAX_ENTRIES, SpecError, SteerEntry, parse_spec, spec_from_extra_args
+from hotwire.shared.spec import MAX_ENTRIES, NO_END, Gate, SpecError, SteerEntry, parse_spec, spec_from_extra_args
 
 from .counters import Counters
-from .interventions import coefficient_words
+from .interventions import coefficient_words, probe_words
 from .registry import Registry
 
 
@@ -44,8 +44,9 @@ def request_args(req: Any) -> tuple[str, dict[str, Any] | None, int]:
     return req.req_id, sp.extra_args if sp is not None else None, prompt_len
 
 
-# (layer, k, slot, token window lo, hi, mode, a, clamp lo, clamp hi: :mod:`.interventions`' words)
-Term = tuple[int, int, int, int, int, int, int, int, int]
+# (layer, k, slot, then the entry's words 1-7 of :mod:`.interventions`: token window lo, hi, mode,
+# a, clamp lo or threshold, clamp hi, gate index)
+Term = tuple[int, int, int, int, int, int, int, int, int, int]
 
 
 @dataclass(frozen=True)
@@ -108,18 +109,41 @@ class Admission:
         terms: list[Term] = []
         used: dict[int, int] = {}  # entries so far per layer
         slots = set()
+        gates: dict[Gate, int] = {}  # a request's distinct gates, 1-based
+
+        def add(layer: int, slot: int, words: tuple[int, ...]) -> None:
+            k = used.get(layer, 0)
+            if k == self.entries:
+                raise SpecError("too_many_entries", f"more than {self.entries} entries on layer {layer}")
+            used[layer] = k + 1
+            terms.append((layer, k, slot, *words))  # type: ignore[arg-type]
+            slots.add(slot)
+
         for e in entries:
             span = e.span(prompt_len)
+            g = 0 if e.gate is None else gates.get(e.gate) or self._gate(e.gate, len(gates) + 1, add, gates)
             for layer in e.targets(self.armed):
+                if e.gate is not None and e.gate.layer > layer:
+                    raise SpecError("bad_params", f"gate on layer {e.gate.layer} is after the entry's layer {layer}")
                 slot = self._slot(e, layer)
-                k = used.get(layer, 0)
-                if k == self.entries:
-                    raise SpecError("too_many_entries", f"more than {self.entries} entries on layer {layer}")
-                used[layer] = k + 1
-                words = coefficient_words(e, float(self.registry.norm[slot]), self.limit)
-                terms.append((layer, k, slot, *span, *words))
-                slots.add(slot)
+                mode, a, lo, hi = coefficient_words(e, float(self.registry.norm[slot]), self.limit)
+                add(layer, slot, (*span, mode, a, lo, hi, g))
         return tuple(terms), tuple(sorted(slots))
+
+    def _gate(self, gate: Gate, g: int, add, gates: dict[Gate, int]) -> int:
+        """Give ``gate`` index ``g`` and put its probe entry on the probe layer."""
+        if g > self.entries:
+            raise SpecError("too_many_entries", f"more than {self.entries} distinct gates")
+        if gate.layer not in self.armed:
+            raise SpecError("unarmed_layer", f"gate probe layer {gate.layer} is not armed "
+                            f"(armed: {sorted(self.armed)})")
+        slot = self.registry.resolve(gate.probe, gate.layer)
+        if slot is None:
+            raise SpecError("unknown_id", f"no probe vector {gate.probe!r} for layer {gate.layer}")
+        mode, a, threshold, _ = probe_words(gate.threshold, float(self.registry.norm[slot]), gate.probe)
+        add(gate.layer, slot, (0, NO_END, mode, a, threshold, 0, g))
+        gates[gate] = g
+        return g
 
     def _slot(self, e: SteerEntry, layer: int) -> int:
         """The bank slot serving ``e`` at ``layer``, or SpecError (why it cannot run there)."""

@@ -25,6 +25,7 @@ import torch
 from .admission import Admission, entry_limit, request_args
 from .config import HotwireConfig
 from .counters import Counters, process_counters
+from .gate_report import GateReport
 from .registry import Registry
 from .routing import Router
 from .steering import SteeringTables, arm, decoder_layers
@@ -69,7 +70,8 @@ class Steerer:
         if len(armed) > 4:
             log.info("hotwire: each armed layer adds one kernel launch per decode step (about 1.6 us on an "
                      "H200); set HOTWIRE_LAYERS to the layers you steer to pay only for those")
-        return cls(Router(armed_model, admission), tables, process_counters())
+        counters = process_counters()
+        return cls(Router(armed_model, admission, GateReport(tables.gate_counts, counters)), tables, counters)
 
     # -- per step -------------------------------------------------------------------------------
     def on_schedule(self, scheduler_output: Any) -> None:
@@ -88,6 +90,8 @@ class Steerer:
             log.error("hotwire: the engine core did not load hotwire (is it installed there, and "
                       "VLLM_PLUGINS not filtering it out?); this rank serves without steering")
         new, finished = scheduler_output.scheduled_new_reqs, scheduler_output.finished_req_ids
+        if self.router.report is not None:
+            self.router.report.poll()
         if new or finished:
             self.router.finish(finished)
             for req in new:

@@ -18,7 +18,15 @@ Every mode is ``h += c · v`` with a per-token coefficient ``c``; the route tabl
 
 All entries on one layer read the same ``h`` (the stream before any of that layer's entries) and
 their changes add up, so their order in a spec does not matter; layers apply in model order,
-each seeing what the earlier ones did. ``‖v‖`` is the norm of the row as the bank holds it (model
+each seeing what the earlier ones did.
+
+Gates. An entry with a gate applies only to tokens whose stream at probe layer ``P`` satisfies
+``h_P · p̂ > threshold``. Admission gives each distinct gate of a request an index ``g`` (1-based,
+word 7 of the entries it gates) and puts a ``probe`` entry on layer ``P`` (mode :data:`PROBE`:
+``a = 1 / ‖p‖``, threshold in word 5, ``g`` in word 7) that changes nothing but records, per
+token, whether the gate opened (:class:`.steering.SteeringTables` ``gates``) and counts the
+tokens it opened per request row (``gate_counts``). A gated entry on ``P`` itself reads the
+probe computed in the same kernel, so ``P = L`` sees the stream before layer L's entries. ``‖v‖`` is the norm of the row as the bank holds it (model
 dtype), so ``v̂`` is a unit vector to float32 precision and an ablation leaves no residue.
 """
 
@@ -29,11 +37,13 @@ import torch
 
 from hotwire.shared.spec import SpecError, SteerEntry, f32_bits
 
-ADD, NORM, ABLATE, CLAMP = 0, 1, 2, 3
+ADD, NORM, ABLATE, CLAMP, PROBE = 0, 1, 2, 3, 4
 CODES = {"add": ADD, "norm": NORM, "ablate": ABLATE, "clamp": CLAMP}
 # An entry's eight int32 words in the route table: bank row (0 = off), token window [lo, hi),
-# mode, then a, clamp lo, clamp hi as float32 bits, and one reserved word (zero).
-ROW, POS_LO, POS_HI, MODE, COEF, CLAMP_LO, CLAMP_HI = range(7)
+# mode, then a, clamp lo (a probe's threshold), clamp hi as float32 bits, and its gate index
+# (0: ungated; a probe: the gate it records).
+ROW, POS_LO, POS_HI, MODE, COEF, CLAMP_LO, CLAMP_HI, GATE = range(8)
+THRESHOLD = CLAMP_LO
 WORDS = 8
 _F32_MAX = float(torch.finfo(torch.float32).max)
 _INF_BITS, _NEG_INF_BITS = (int(b) for b in np.array([np.inf, -np.inf], np.float32).view(np.int32))
@@ -59,6 +69,15 @@ def coefficient_words(entry: SteerEntry, norm: float, limit: float) -> tuple[int
         lo = _NEG_INF_BITS if entry.lo is None else f32_bits(entry.lo)
         hi = _INF_BITS if entry.hi is None else f32_bits(entry.hi)
     return mode, f32_bits(a), lo, hi
+
+
+def probe_words(threshold: float, norm: float, probe_id: str) -> tuple[int, int, int, int]:
+    """``(mode, a, threshold, 0)`` words of the probe entry recording a gate on a row of ``norm``."""
+    if not norm > 0.0:
+        raise SpecError("zero_vector", f"gate probe {probe_id!r} is a zero vector")
+    if not 1.0 / norm <= _F32_MAX:
+        raise SpecError("out_of_range", f"gate probe {probe_id!r} is too short (norm {norm:.3g})")
+    return PROBE, f32_bits(1.0 / norm), f32_bits(threshold), 0
 
 
 def coefficient(mode: torch.Tensor, a: torch.Tensor, lo: torch.Tensor, hi: torch.Tensor,

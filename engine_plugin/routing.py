@@ -10,6 +10,7 @@ windows).
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Iterable, Sequence
 from itertools import repeat
 from typing import Any
@@ -17,14 +18,18 @@ from typing import Any
 import numpy as np
 import torch
 
-from .admission import Admission
+from .admission import Admission, Term
+from .gate_report import GateReport
+from .interventions import PROBE
 from .staging import copy_into, to_device
 from .steering import ArmedModel
 
+log = logging.getLogger("vllm.hotwire")
+
 
 class Router:
-    def __init__(self, armed: ArmedModel, admission: Admission):
-        self.armed, self.admission = armed, admission
+    def __init__(self, armed: ArmedModel, admission: Admission, report: GateReport | None = None):
+        self.armed, self.admission, self.report = armed, admission, report
         self.tables = armed.tables
         self._ids: list[str] = []  # the last step's batch, to skip unchanged decode steps
         self._counts = np.zeros(0, dtype=np.int32)
@@ -45,18 +50,35 @@ class Router:
         if admitted is None:
             return
         route = np.zeros(self.tables.route.shape[1:], dtype=np.int32)  # [A, K, 8]
-        for layer, k, slot, lo, hi, *words in admitted.terms:
+        cut = self._gates_elsewhere(admitted.terms)
+        for layer, k, slot, *words in admitted.terms:
             pos = self.armed.position(layer)
-            if pos is not None:  # another pipeline stage's layer: that rank writes it
-                route[pos, k, :7] = (slot + 1, lo, hi, *words)
+            if pos is not None and words[-1] not in cut:  # another stage's layer: that rank writes it
+                route[pos, k] = (slot + 1, *words)
         self._row_of[req_id] = admitted.row
         self._staged.append((admitted.row, route))
         self._dirty = True
 
+    def _gates_elsewhere(self, terms: tuple[Term, ...]) -> set[int]:
+        """Gates whose probe layer another pipeline stage holds: their entries here stay off (a
+        stage cannot read another's stream), said once per request."""
+        probes = {t[-1]: t[0] for t in terms if t[5] == PROBE}
+        cut = {g for g, layer in probes.items() if self.armed.position(layer) is None}
+        if cut and any(t[-1] in cut and self.armed.position(t[0]) is not None for t in terms):
+            log.warning("hotwire: gates %s probe layers on another pipeline stage; the entries they gate on "
+                        "this stage stay off", sorted(cut))
+        return cut
+
     def finish(self, req_ids: Iterable[str]) -> None:
-        for req_id in self.admission.finish(req_ids):
+        for req_id in req_ids:
+            admitted = self.admission.active.get(req_id)
+            if admitted is None or not self.admission.finish((req_id,)):
+                continue
             del self._row_of[req_id]
             self._dirty = True
+            gates = max((t[-1] for t in admitted.terms), default=0)
+            if gates and self.report is not None:
+                self.report.finish(req_id, admitted.row, gates)
 
     @torch.inference_mode()
     def commit(self) -> None:

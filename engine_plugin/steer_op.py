@@ -18,7 +18,8 @@ stride; an entry's words contiguous, laid out as in :mod:`.interventions`)::
     out[t] = x[t] + sum_k  where(lo <= positions[t] < hi,  c_k(h) * bank[row],  -0.0)
 
 with ``c_k`` the entry's mode coefficient (:func:`.interventions.coefficient`: ``a`` for an add,
-from ``h·bank[row]`` and ``‖h‖`` otherwise), in float32 (each term clamped to float32's finite
+from ``h·bank[row]`` and ``‖h‖`` otherwise); a gated entry counts as off unless its gate is open
+(recorded by a probe entry, on this layer or an earlier one: :class:`GateScratch`), in float32 (each term clamped to float32's finite
 range, so no sum is ever NaN), saturated to the finite range of ``x.dtype`` and rounded once to it.
 A token with no entry on keeps every bit (here ``-0.0`` is the exact identity of float addition;
 the Triton kernel stores such a token as loaded, and reads neither its residual nor a bank row).
@@ -33,42 +34,78 @@ each one: start-up +75 % at 28 layers), and one held in a tensor would be one mo
 
 from __future__ import annotations
 
+from typing import NamedTuple
+
 import torch
 
-from .interventions import ADD, CLAMP_HI, CLAMP_LO, COEF, MODE, POS_HI, POS_LO, ROW, coefficient
+from .interventions import (ADD, CLAMP_HI, CLAMP_LO, COEF, GATE, MODE, POS_HI, POS_LO, PROBE, ROW, THRESHOLD,
+                            coefficient)
+
+
+class GateScratch(NamedTuple):
+    """Where gates are recorded: ``gates [N, G]`` int32 (per token of the step: did gate g open),
+    ``tok_row [N]`` int32 (each token's request row) and ``counts [R+1, G]`` int32 (tokens each
+    gate opened, per request row). The op reaches them through the bank it is given, the way
+    vLLM's attention reaches its KV cache through the forward context: a probe's write at layer
+    P precedes every read at a layer after it because those layers' inputs depend on P's output."""
+
+    gates: torch.Tensor
+    tok_row: torch.Tensor
+    counts: torch.Tensor
+
+
+_SCRATCH: dict[int, GateScratch] = {}
+
+
+def attach_scratch(bank: torch.Tensor, scratch: GateScratch) -> None:
+    """Make ``scratch`` the gate state of the op calls given ``bank`` (one per engine)."""
+    _SCRATCH[bank.data_ptr()] = scratch
 
 
 def reference(x: torch.Tensor, residual: torch.Tensor | None, positions: torch.Tensor,
-              bank: torch.Tensor, route: torch.Tensor) -> torch.Tensor:
-    """The contract in torch: the CPU kernel, and what the Triton kernel is tested against."""
+              bank: torch.Tensor, route: torch.Tensor, scratch: GateScratch | None = None) -> torch.Tensor:
+    """The contract in torch: the CPU kernel, and what the Triton kernel is tested against.
+    Without ``scratch`` no gate opens and probes record nothing."""
     # x, residual: [T, H]; positions: [T]; bank: [S+1, H]; route: [N>=T, K, 8] int32
     n = x.shape[0]
     rt = route[:n]                                               # [T, K, 8]
     f = rt.view(torch.float32)                                   # the same words as float32
     pos = positions[:n, None]                                    # [T, 1]
-    on = (pos >= rt[..., POS_LO]) & (pos < rt[..., POS_HI])      # [T, K]
+    on = (pos >= rt[..., POS_LO]) & (pos < rt[..., POS_HI])      # [T, K] inside the entry's window
     if not on.any():  # nothing to do on this step: the common case, kept cheap on the CPU
         return x.clone(memory_format=torch.contiguous_format)
+    mode, gate = rt[..., MODE], rt[..., GATE]                    # [T, K]
     acc = x.to(torch.float32, copy=True)                         # [T, H]
-    project = bool((on & (rt[..., MODE] != ADD)).any())          # any entry needs h·v or ‖h‖
+    project = bool((on & (mode != ADD)).any())                   # any entry needs h·v or ‖h‖
     h = acc if residual is None or not project else acc + residual.float()  # [T, H] the stream
     hnorm = h.square().sum(-1).sqrt() if project else None       # [T]
+    rows = [bank[rt[:, k, ROW]].float() for k in range(rt.shape[1])]  # K x [T, H]; K is small, static
+    dots = torch.stack([(h * v).sum(-1) for v in rows], 1) if project else None  # [T, K]
+    probing = on & (mode == PROBE)
+    opened = torch.zeros_like(on)                                # [T, K] the gate an entry names is open
+    if scratch is not None and bool(probing.any()):
+        t, k = probing.nonzero(as_tuple=True)
+        passed = f[t, k, COEF] * dots[t, k] > f[t, k, THRESHOLD]
+        scratch.gates.index_put_((t, gate[t, k] - 1), passed.int())
+        scratch.counts.index_put_((scratch.tok_row[t].long(), gate[t, k] - 1), passed.int(), accumulate=True)
+    if scratch is not None and bool((gate > 0).any()):
+        opened = torch.gather(scratch.gates[:n], 1, (gate - 1).clamp(min=0).long()) != 0
+    applies = on & (mode != PROBE) & ((gate == 0) | opened)     # [T, K]
     big = torch.finfo(torch.float32).max
-    for k in range(rt.shape[1]):  # K is small and static
-        v = bank[rt[:, k, ROW]].float()                          # [T, H]
-        dot = (h * v).sum(-1) if project else None               # [T]
-        c = coefficient(rt[:, k, MODE], f[:, k, COEF], f[:, k, CLAMP_LO], f[:, k, CLAMP_HI], dot, hnorm)
+    for k, v in enumerate(rows):
+        c = coefficient(mode[:, k], f[:, k, COEF], f[:, k, CLAMP_LO], f[:, k, CLAMP_HI],
+                        dots[:, k] if project else None, hnorm)  # [T]
         term = (v * c[:, None]).clamp(-big, big)                 # [T, H] finite: no inf - inf
-        acc = acc + torch.where(on[:, k, None], term, -0.0)
+        acc = acc + torch.where(applies[:, k, None], term, -0.0)
     top = torch.finfo(x.dtype).max
-    acc = torch.where(on.any(1, keepdim=True), acc.clamp(-top, top), acc)  # steered tokens only
+    acc = torch.where(applies.any(1, keepdim=True), acc.clamp(-top, top), acc)  # steered tokens only
     return acc.to(x.dtype).contiguous()
 
 
 @torch.library.custom_op("hotwire::steer", mutates_args=())
 def steer(x: torch.Tensor, residual: torch.Tensor | None, positions: torch.Tensor, bank: torch.Tensor,
           route: torch.Tensor) -> torch.Tensor:
-    return reference(x, residual, positions, bank, route)
+    return reference(x, residual, positions, bank, route, _SCRATCH.get(bank.data_ptr()))
 
 
 @steer.register_fake
@@ -80,4 +117,4 @@ def _(x, residual, positions, bank, route):
 def _(x, residual, positions, bank, route):
     from .steer_triton import launch  # Triton is only needed (and present) where CUDA is
 
-    return launch(x, residual, positions, bank, route)
+    return launch(x, residual, positions, bank, route, _SCRATCH.get(bank.data_ptr()))

@@ -20,15 +20,16 @@ import triton.language as tl
 from . import interventions as iv
 
 # the route-table layout, as constants the kernel may read
-ROW, POS_LO, POS_HI, MODE, COEF, CLAMP_LO, CLAMP_HI, WORDS = (
-    tl.constexpr(w) for w in (iv.ROW, iv.POS_LO, iv.POS_HI, iv.MODE, iv.COEF, iv.CLAMP_LO, iv.CLAMP_HI, iv.WORDS))
-NORM, ABLATE, CLAMP = (tl.constexpr(m) for m in (iv.NORM, iv.ABLATE, iv.CLAMP))
+ROW, POS_LO, POS_HI, MODE, COEF, CLAMP_LO, CLAMP_HI, GATE, WORDS = (
+    tl.constexpr(w) for w in (iv.ROW, iv.POS_LO, iv.POS_HI, iv.MODE, iv.COEF, iv.CLAMP_LO, iv.CLAMP_HI, iv.GATE,
+                              iv.WORDS))
+NORM, ABLATE, CLAMP, PROBE = (tl.constexpr(m) for m in (iv.NORM, iv.ABLATE, iv.CLAMP, iv.PROBE))
 
 
 @triton.jit
-def _steer(x_ptr, res_ptr, out_ptr, pos_ptr, bank_ptr, route_ptr, route_stride,
-           H: tl.constexpr, K: tl.constexpr, KP: tl.constexpr, BLOCK: tl.constexpr, HAS_RES: tl.constexpr,
-           TOP: tl.constexpr, BIG: tl.constexpr):
+def _steer(x_ptr, res_ptr, out_ptr, pos_ptr, bank_ptr, route_ptr, route_stride, gates_ptr, tok_row_ptr, counts_ptr,
+           H: tl.constexpr, K: tl.constexpr, KP: tl.constexpr, G: tl.constexpr, BLOCK: tl.constexpr,
+           HAS_RES: tl.constexpr, HAS_GATES: tl.constexpr, TOP: tl.constexpr, BIG: tl.constexpr):
     t = tl.program_id(0).to(tl.int64)
     cols = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)       # [BLOCK]
     x = tl.load(x_ptr + t * H + cols, mask=cols < H)
@@ -40,9 +41,12 @@ def _steer(x_ptr, res_ptr, out_ptr, pos_ptr, bank_ptr, route_ptr, route_stride,
     rows = tl.load(entry + ROW, mask=live, other=0).to(tl.int64)
     on = live & (p >= tl.load(entry + POS_LO, mask=live, other=0)) & (p < tl.load(entry + POS_HI, mask=live, other=0))
     mode = tl.load(entry + MODE, mask=live, other=0)
+    gate = tl.load(entry + GATE, mask=live, other=0)            # [KP] 0: ungated
     coef = tl.load(entry + COEF, mask=live, other=0).to(tl.float32, bitcast=True)  # [KP] a
-    hits = tl.sum(on.to(tl.int32), axis=0)
+    applies = on & (mode != PROBE)
     projecting = on & (mode != 0)
+    probing = on & (mode == PROBE)
+    passed = probing & (ks < 0)                                 # [KP] the gates this layer records: none yet
     if tl.sum(projecting.to(tl.int32), axis=0) > 0:
         dot = tl.zeros([KP], dtype=tl.float32)                  # h·v per entry
         sq = tl.zeros([BLOCK], dtype=tl.float32)                # ‖h‖², by column
@@ -56,17 +60,37 @@ def _steer(x_ptr, res_ptr, out_ptr, pos_ptr, bank_ptr, route_ptr, route_stride,
             dot += tl.sum(v * h[None, :], axis=1)
             sq += h * h
         hnorm = tl.sqrt(tl.sum(sq, axis=0))
-        lo = tl.load(entry + CLAMP_LO, mask=live, other=0).to(tl.float32, bitcast=True)
+        lo = tl.load(entry + CLAMP_LO, mask=live, other=0).to(tl.float32, bitcast=True)  # a probe's threshold
         hi = tl.load(entry + CLAMP_HI, mask=live, other=0).to(tl.float32, bitcast=True)
         proj = coef * dot
+        if HAS_GATES:
+            passed = probing & (proj > lo)
+            if tl.program_id(1) == 0:                           # one program per token writes them
+                tl.store(gates_ptr + t * G + gate - 1, passed.to(tl.int32), mask=probing)
+                req = tl.load(tok_row_ptr + t).to(tl.int64)
+                tl.atomic_add(counts_ptr + req * G + gate - 1, passed.to(tl.int32), mask=probing)
         coef = tl.where(mode == NORM, coef * hnorm,
                tl.where(mode == ABLATE, -coef * dot,
                tl.where(mode == CLAMP, (tl.minimum(tl.maximum(proj, lo), hi) - proj) * coef, coef)))
         coef = tl.where(coef == coef, coef, 0.0)                # NaN (an overflowed h·v): no change
         coef = tl.minimum(tl.maximum(coef, -BIG), BIG)
+    if HAS_GATES:
+        # a gate recorded on this layer is read from this program's own probe (the store above may
+        # be another program's), one from an earlier layer from the scratch
+        gated = applies & (gate > 0)
+        if tl.sum(gated.to(tl.int32), axis=0) > 0:
+            opened = tl.load(gates_ptr + t * G + gate - 1, mask=gated, other=0) != 0
+            here = (gate[:, None] == gate[None, :]) & probing[None, :]           # [KP, KP]
+            mine = tl.sum(here.to(tl.int32), axis=1) > 0
+            mine_open = tl.sum((here & passed[None, :]).to(tl.int32), axis=1) > 0
+            opened = tl.where(mine, mine_open, opened)
+            applies = applies & ((gate == 0) | opened)
+    else:
+        applies = applies & (gate == 0)
+    hits = tl.sum(applies.to(tl.int32), axis=0)
     for k in tl.static_range(K):
         pick = ks == k
-        on_k = tl.sum((on & pick).to(tl.int32), axis=0) > 0
+        on_k = tl.sum((applies & pick).to(tl.int32), axis=0) > 0
         row = tl.sum(tl.where(pick, rows, 0), axis=0)
         c_k = tl.sum(tl.where(pick, coef, 0.0), axis=0)
         width = tl.where(on_k, H, 0)                            # off: the row is not read, v = 0
@@ -79,8 +103,9 @@ def _steer(x_ptr, res_ptr, out_ptr, pos_ptr, bank_ptr, route_ptr, route_stride,
 
 
 def launch(x: torch.Tensor, residual: torch.Tensor | None, positions: torch.Tensor, bank: torch.Tensor,
-           route: torch.Tensor) -> torch.Tensor:
-    # x, residual: [T, H]; positions: [T]; bank: [S+1, H]; route: [N>=T, K, 8] int32, a strided view
+           route: torch.Tensor, scratch=None) -> torch.Tensor:
+    # x, residual: [T, H]; positions: [T]; bank: [S+1, H]; route: [N>=T, K, 8] int32, a strided view;
+    # scratch: a .steer_op.GateScratch, or None (no gate opens)
     x, positions = x.contiguous(), positions.contiguous()  # no-ops here
     residual = residual.contiguous() if residual is not None else None
     if route.stride(1) != iv.WORDS or route.stride(2) != 1:
@@ -90,9 +115,12 @@ def launch(x: torch.Tensor, residual: torch.Tensor | None, positions: torch.Tens
     if n == 0:
         return out
     k = route.shape[1]
+    gates, tok_row, counts = scratch if scratch is not None else (route, route, route)  # unread without gates
     block = min(1024, triton.next_power_of_2(h))
     _steer[(n, triton.cdiv(h, block))](x, x if residual is None else residual, out, positions, bank, route,
-                                       route.stride(0), H=h, K=k, KP=triton.next_power_of_2(k), BLOCK=block,
-                                       HAS_RES=residual is not None, TOP=torch.finfo(x.dtype).max,
-                                       BIG=torch.finfo(torch.float32).max, num_warps=4)
+                                       route.stride(0), gates, tok_row, counts, H=h, K=k,
+                                       KP=triton.next_power_of_2(k), G=gates.shape[-1] if scratch is not None else 1,
+                                       BLOCK=block, HAS_RES=residual is not None, HAS_GATES=scratch is not None,
+                                       TOP=torch.finfo(x.dtype).max, BIG=torch.finfo(torch.float32).max,
+                                       num_warps=4)
     return out

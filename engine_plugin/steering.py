@@ -29,7 +29,7 @@ import torch
 from torch import nn
 
 from .interventions import WORDS
-from .steer_op import steer
+from .steer_op import GateScratch, attach_scratch, steer
 
 _LAYER_INDEX = re.compile(r"(?:^|\.)layers\.(\d+)$")
 
@@ -45,6 +45,9 @@ class SteeringTables(nn.Module):
                                                   coefficients); request row 0 = null (all zeros)
         tok_row   [N]               int32         request row of each token of the current step
         tok_route [N, A, K, 8]      int32         route[tok_row]: what the op reads
+        gates     [N, K]            int32         per token: did the request's gate g open (probes
+                                                  write it, gated entries read it; one step long)
+        gate_counts [R+1, K]        int32         tokens each gate opened, per request row
 
     Both are row-major in the leading index, so admitting requests is one ``index_copy_`` of whole
     rows and a batch change one ``index_select`` straight into ``tok_route``: the fewest launches
@@ -63,6 +66,9 @@ class SteeringTables(nn.Module):
         buf("route", requests + 1, armed, entries, WORDS)
         buf("tok_row", max_tokens)
         buf("tok_route", max_tokens, armed, entries, WORDS)
+        buf("gates", max_tokens, entries)
+        buf("gate_counts", requests + 1, entries)
+        attach_scratch(self.bank, GateScratch(self.gates, self.tok_row, self.gate_counts))
 
     @property
     def nbytes(self) -> int:

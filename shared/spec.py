@@ -10,7 +10,9 @@ table space; ``positions`` picks tokens: ``"all"`` (default), ``"prompt"``, ``"g
 (same as ``decode_only``) or ``[start, end)`` absolute token positions; ``layers`` (a list, or
 ``"all"``: every armed layer) instead of ``layer`` applies one entry at many layers; ``mode`` says
 what the entry does to the stream (:data:`MODES`, default ``"add"``: the original wire format),
-``lo``/``hi`` bound a ``clamp``. The formulas are in :mod:`hotwire.engine_plugin.interventions`.
+``lo``/``hi`` bound a ``clamp``; ``gate`` applies the entry only to tokens whose stream at an
+earlier (or the same) layer projects on a probe vector above a threshold. The formulas are in
+:mod:`hotwire.engine_plugin.interventions`.
 An item ``{"preset": name}`` names a preset, which the OpenAI server expands before the engine
 sees the request; the engine refuses one that reaches it (``preset_unresolved``).
 
@@ -83,6 +85,22 @@ class SpecError(ValueError):
         self.detail = detail
 
 
+class Gate(BaseModel):
+    """Apply the entry only to tokens with ``h_P · p̂ > threshold`` (``h_P``: the stream at the end of
+    probe layer ``P``, before that layer's own entries; ``p̂``: the probe vector, normalised)."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True, strict=False)
+
+    probe: str = Field(pattern=ID_PATTERN)
+    layer: int = Field(ge=0)
+    threshold: float = 0.0
+
+    @field_validator("threshold")
+    @classmethod
+    def _finite(cls, v: float) -> float:
+        return _f32_finite(v, "threshold")
+
+
 class SteerEntry(BaseModel):
     """One intervention of a request: a vector, where (layers, tokens) and what (mode)."""
 
@@ -95,6 +113,7 @@ class SteerEntry(BaseModel):
     scale: float = 1.0
     lo: float | None = None
     hi: float | None = None
+    gate: Gate | None = None
     decode_only: bool = False
     positions: Positions = "all"
 
@@ -139,6 +158,11 @@ class SteerEntry(BaseModel):
                                           {"lo": self.lo, "hi": self.hi})
         elif self.lo is not None or self.hi is not None:
             raise ValueError(f"lo and hi bound a clamp; mode is {self.mode!r}")
+        if self.gate is not None and self.layers != "all":  # "all": checked against the armed layers
+            first = self.layer if self.layer is not None else min(self.layers)  # type: ignore[arg-type]
+            if self.gate.layer > first:
+                raise PydanticCustomError("bad_params", "a gate reads an earlier layer: its layer {p} is "
+                                          "after the entry's layer {first}", {"p": self.gate.layer, "first": first})
         if self.mode in ("norm", "ablate") and abs(self.scale) > MAX_PROJECTION_SCALE:
             raise ValueError(f"{self.mode} scale must be within +-{MAX_PROJECTION_SCALE:g}")
         return self
@@ -182,6 +206,8 @@ class SteerEntry(BaseModel):
             form["mode"] = self.mode
         if self.mode == "clamp":
             form["lo"], form["hi"] = self.lo, self.hi
+        if self.gate is not None:
+            form["gate"] = self.gate.model_dump()
         return form
 
 

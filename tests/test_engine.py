@@ -45,11 +45,16 @@ MODE_SPECS = {  # every mode, alone, on many layers, and stacked on one layer wi
     "stacked": [{"id": "a", "layer": 2, "mode": "ablate"}, {"id": "b", "layer": 2, "mode": "norm", "scale": -0.4},
                 {"id": "layered", "layer": 2, "scale": 0.5},
                 {"id": "boost", "layer": 3, "mode": "clamp", "lo": 2.0, "hi": 2.0, "positions": [2, 40]}],
+    "gated": [{"id": "boost", "layer": 2, "scale": 3.0, "gate": {"probe": "a", "layer": 1, "threshold": 0.0}},
+              {"id": "b", "layer": 1, "mode": "ablate", "gate": {"probe": "a", "layer": 1, "threshold": 0.0}},
+              {"id": "a", "layer": 3, "scale": -2.0, "gate": {"probe": "layered", "layer": 0, "threshold": 0.0}}],
 }
 BAD_SPECS.update({
     '{"id": "boost", "layer": 1, "mode": "clamp", "lo": 1, "hi": 0}': "unsteered_bad_params",
     '{"id": "zero", "layer": 1, "mode": "ablate"}': "unsteered_zero_vector",
     '[{"id": "boost", "layer": 1}, {"preset": "calm"}]': "unsteered_preset_unresolved",
+    '{"id": "boost", "layer": 1, "gate": {"probe": "a", "layer": 2}}': "unsteered_bad_params",
+    '{"id": "boost", "layer": 1, "gate": {"probe": "zero", "layer": 0}}': "unsteered_zero_vector",
 })
 MAX_TOKENS = 10
 
@@ -72,7 +77,8 @@ def _rounds(tok) -> dict[str, list[dict]]:
         "cache_plain": [req(CACHED)],
         "cache_steered_again": [req(CACHED, {"id": "boost", "layer": 0, "scale": 2.0})],
         "modes": [req(SHORT[0], MODE_SPECS["ablate"]), req(SHORT[1]), req(SHORT[2], MODE_SPECS["norm_layers"]),
-                  req(LONG, MODE_SPECS["clamp_all"]), req(SHORT[3], MODE_SPECS["stacked"])],
+                  req(LONG, MODE_SPECS["clamp_all"]), req(SHORT[3], MODE_SPECS["stacked"]),
+                  req(LONG2, MODE_SPECS["gated"])],
         "modes_alone": [req(SHORT[3], MODE_SPECS["stacked"])],
     }
 
@@ -222,23 +228,32 @@ def _hf_change(h, vec, e):
     return (proj.clamp(lo, hi) - proj) * u
 
 
-def _hf_greedy(model, prompt_ids, n_new, terms):
+def _hf_greedy(model, prompt_ids, n_new, terms, probes=None):
     """Greedy decode with forward hooks at the end of each layer applying each term's mode on the
     absolute positions ``[lo, hi)``; all terms of a layer read the layer's own output stream.
-    ``terms``: [(layer, vec [H], entry, lo, hi)]."""
+    ``terms``: [(layer, vec [H], entry, lo, hi)]; ``probes``: {gate: probe vector [H]}, each
+    gate evaluated on its layer's output before that layer's terms apply."""
     import torch
 
+    probes = probes or {}
+    opened = {}  # gate -> [T] bool, this forward's
     handles = []
-    for layer in sorted({t[0] for t in terms}):
+    for layer in sorted({t[0] for t in terms} | {g.layer for g in probes}):
         mine = [t for t in terms if t[0] == layer]
 
-        def hook(module, args, out, mine=mine):
+        def hook(module, args, out, mine=mine, layer=layer):
             h = out[0] if isinstance(out, tuple) else out
             pos = torch.arange(h.shape[1])
+            for gate, p in probes.items():
+                if gate.layer == layer:
+                    p = torch.from_numpy(p).to(h.dtype)
+                    opened[gate] = h[0] @ (p / p.norm()) > gate.threshold
             add = torch.zeros_like(h[0])
             for _, vec, e, lo, hi in mine:
-                mask = ((pos >= lo) & (pos < hi)).to(h.dtype)[:, None]
-                add = add + mask * _hf_change(h[0], vec, e)
+                mask = ((pos >= lo) & (pos < hi))
+                if e.gate is not None:
+                    mask = mask & opened[e.gate]
+                add = add + mask.to(h.dtype)[:, None] * _hf_change(h[0], vec, e)
             h = h + add
             return (h, *out[1:]) if isinstance(out, tuple) else h
 
@@ -270,6 +285,28 @@ def _terms(spec, vectors, prompt_len):
     return out
 
 
+def _probes(spec, vectors):
+    from hotwire.shared.spec import parse_spec
+
+    probes = {}
+    for e in parse_spec(spec):
+        if e.gate is not None:
+            vec = vectors[e.gate.probe]
+            probes[e.gate] = vec[e.gate.layer] if vec.ndim == 2 else vec
+    return probes
+
+
+def test_gates_open_for_some_tokens_and_are_counted(steered):
+    """The gated request's gates opened for some of its tokens, not all (so the gate decides),
+    and the counts reached the log and the mailbox's counter."""
+    import re
+
+    counts = [list(map(int, re.findall(r"gate \d+: (\d+)", line)))
+              for line in steered[1]["log"].splitlines() if "its gates opened for" in line]
+    assert counts and all(0 < n for c in counts for n in c)
+    assert steered[1]["counters"]["gate_opened_tokens"] == sum(map(sum, counts))
+
+
 @pytest.fixture(scope="module")
 def hf_model(tiny_model):
     import torch
@@ -287,7 +324,8 @@ def test_math_matches_transformers_hook(name, steered, rounds, vectors, hf_model
         if not _is_steered(req):
             continue
         prompt = req["prompt_token_ids"]
-        tokens, logprobs = _hf_greedy(hf_model, prompt, MAX_TOKENS, _terms(req["spec"], vectors, len(prompt)))
+        tokens, logprobs = _hf_greedy(hf_model, prompt, MAX_TOKENS, _terms(req["spec"], vectors, len(prompt)),
+                                      _probes(req["spec"], vectors))
         got = steered[0][name][i]
         assert got["tokens"] == tokens, (name, i)
         np.testing.assert_allclose(got["logprobs"], logprobs, atol=2e-3, rtol=0)

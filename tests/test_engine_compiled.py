@@ -16,7 +16,8 @@ pytestmark = [requires_vllm, pytest.mark.vllm, pytest.mark.slow]
 PROMPTS = ["The quick brown fox", "Paris is the capital of", "Once upon a time, a small"]
 SPECS = [None, {"id": "boost", "layer": 1, "scale": 2.0}, None, {"id": "layered", "layer": 2},
          [{"id": "boost", "layers": [1, 2], "mode": "ablate", "scale": 2.0},  # the projecting modes
-          {"id": "a", "layer": 2, "mode": "clamp", "lo": 4.0}, {"id": "b", "layer": 1, "mode": "norm", "scale": 1.0}],
+          {"id": "a", "layer": 2, "mode": "clamp", "lo": 4.0}, {"id": "b", "layer": 1, "mode": "norm", "scale": 1.0},
+          {"id": "a", "layer": 2, "scale": 3.0, "gate": {"probe": "b", "layer": 1}}],  # and a gate
          {"id": "boost", "layer": 3}]  # last: an unarmed layer
 
 

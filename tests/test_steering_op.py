@@ -381,6 +381,14 @@ for n, h in [(1, 64), (7, 100), (5, 1088)]:
             off = ~((pos[:, None] >= route[:, layer, :, 1]) & (pos[:, None] < route[:, layer, :, 2])).any(1)
             assert torch.equal(got[off].view(torch.uint8), x[off].view(torch.uint8)), (n, h, dtype)
             torch.testing.assert_close(got, want, rtol=1e-2 if dtype != torch.float32 else 1e-5, atol=1e-2)
+from test_steering_op import _gated_case
+x, res, bank, route0, route1, scratch = _gated_case()
+mine = type(scratch)(*(s.clone() for s in scratch))
+pos = torch.arange(8)
+for route in (route0, route1):
+    want, got = reference(x, res, pos, bank, route, scratch), launch(x, res, pos, bank, route, mine)
+    torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
+    assert all(torch.equal(a[:8], b[:8]) for a, b in zip(scratch, mine)), (scratch, mine)
 print("kernel ok")
 """
 
@@ -396,3 +404,57 @@ def test_triton_kernel_matches_the_reference_in_the_interpreter():
     run = subprocess.run([sys.executable, "-c", _INTERPRETED.format(tests=str(Path(__file__).parent))],
                          env=env, capture_output=True, text=True, timeout=600)
     assert run.returncode == 0 and "kernel ok" in run.stdout, run.stderr[-3000:]
+
+
+def _gated_case(seed=5):
+    """Probe row 2 on layer-position 0 records gate 1; layer-position 1 adds row 1 under gate 1;
+    layer-position 0 also ablates row 1 under the same gate (a gate on its own probe layer)."""
+    from hotwire.engine_plugin.interventions import PROBE
+    from hotwire.engine_plugin.steer_op import GateScratch
+
+    g = torch.Generator().manual_seed(seed)
+    n = 8
+    x, res = torch.randn(n, H, generator=g), torch.randn(n, H, generator=g)
+    bank = torch.zeros(3, H)
+    bank[1], bank[2] = torch.randn(H, generator=g), torch.randn(H, generator=g)
+    probe = _entry(2, 0, NO_END, 1 / float(bank[2].norm()), PROBE, clo=0.1)
+    probe[7] = 1
+    ablate = _mode_entry({"mode": "ablate"}, 1, bank)
+    ablate[7] = 1
+    add = _entry(1, 0, NO_END, 2.0)
+    add[7] = 1
+    route0 = torch.stack([probe, ablate]).expand(n, 2, 8).contiguous()
+    route1 = torch.stack([add, torch.zeros(8, dtype=torch.int32)]).expand(n, 2, 8).contiguous()
+    scratch = GateScratch(torch.full((16, 2), 7, dtype=torch.int32), torch.full((16,), 3, dtype=torch.int32),
+                          torch.zeros(5, 2, dtype=torch.int32))
+    return x, res, bank, route0, route1, scratch
+
+
+def test_a_gate_opens_where_the_probe_layer_projects_above_its_threshold():
+    x, res, bank, route0, route1, scratch = _gated_case()
+    pos = torch.arange(8)
+    u = bank[2] / bank[2].norm()
+    opened = (x + res) @ u > 0.1  # the stream at the probe layer, before its own entries
+    assert 0 < opened.sum() < 8
+    out0 = reference(x, res, pos, bank, route0, scratch)
+    assert torch.equal(scratch.gates[:8, 0].bool(), opened)
+    assert scratch.counts[3].tolist() == [int(opened.sum()), 0]  # counted on the tokens' request row
+    v1 = bank[1] / bank[1].norm()
+    want0 = x - torch.where(opened[:, None], ((x + res) @ v1)[:, None] * v1, 0.0)  # same-layer gate
+    torch.testing.assert_close(out0, want0, rtol=1e-5, atol=1e-5)
+    assert torch.equal(out0[~opened], x[~opened])  # closed: every bit
+    out1 = reference(out0, res, pos, bank, route1, scratch)  # a later layer reads the recorded gate
+    torch.testing.assert_close(out1, out0 + torch.where(opened[:, None], 2.0 * bank[1], 0.0))
+    assert torch.equal(out1[~opened], out0[~opened])
+    assert torch.equal(reference(x, res, pos, bank, route0), x)  # no scratch: no gate opens
+
+
+def test_the_op_finds_its_gate_scratch_through_the_bank():
+    t = _tables(entries=2)
+    x, res, bank, route0, route1, _ = _gated_case()
+    t.bank[: bank.shape[0]] = bank
+    t.tok_row[:8] = 2
+    out = torch.ops.hotwire.steer(x, res, torch.arange(8), t.bank, route0)
+    opened = (x + res) @ (bank[2] / bank[2].norm()) > 0.1
+    assert torch.equal(t.gates[:8, 0].bool(), opened) and t.gate_counts[2, 0] == opened.sum()
+    assert not torch.equal(out, x)
