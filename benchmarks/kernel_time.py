@@ -12,7 +12,10 @@ How:
   ``hotwire`` (armed on every layer, 256 startup vectors), measuring ``idle`` (no request
   steered) and ``steered`` (every request its own two vectors and scales, on layers n/3 and
   2n/3) side by side in the same engine; ``hotwire_2``, the same armed on those two layers only
-  (``HOTWIRE_LAYERS``: the op costs one launch per armed layer); and, if asked for, ``eager`` (steered with
+  (``HOTWIRE_LAYERS``: the op costs one launch per armed layer); ``hotwire_modes``, armed on those
+  two layers with ``HOTWIRE_PROJECTION_LAYERS`` (the op reads the residual there), measuring idle,
+  the same two entries as adds, and as each projecting mode (each mode / add is the interventions
+  target, <= 1.01); and, if asked for, ``eager`` (steered with
   ``enforce_eager=True``: what hook-style steering pays). ``VLLM_ENABLE_V1_MULTIPROCESSING=0``
   keeps the engine core and worker in the child, where the profiler sees them. Processes are
   started A B A B ... (``--repeats``), ``--parallel`` at a time: start-ups (compile, capture)
@@ -71,9 +74,15 @@ PROCESSES = {  # process kind: (plugin loaded, enforce_eager, conditions measure
     "plugin_free": (False, False, ("plugin_free",)),
     "hotwire": (True, False, ("idle", "steered")),
     "hotwire_2": (True, False, ("idle_2", "steered_2")),  # armed on the two steered layers only
+    # the same two layers, reading the stream (HOTWIRE_PROJECTION_LAYERS): each mode steered
+    "hotwire_modes": (True, False, ("idle_m", "add_m", "norm_m", "ablate_m", "clamp_m")),
     "eager": (True, True, ("eager",)),
 }
-PAIRS = (("idle", "steered"), ("idle_2", "steered_2"))  # (idle, steered) conditions of one engine
+# (base, compared) conditions of one engine: idle vs steered, and each mode vs add
+PAIRS = (("idle", "steered"), ("idle_2", "steered_2"), ("idle_m", "add_m"),
+         ("add_m", "norm_m"), ("add_m", "ablate_m"), ("add_m", "clamp_m"))
+MODES = {"norm_m": {"mode": "norm", "scale": 0.05}, "ablate_m": {"mode": "ablate", "scale": 1.0},
+         "clamp_m": {"mode": "clamp", "lo": -0.5, "hi": 0.5}}  # each entry's mode, by condition
 STEERED = {steered for _, steered in PAIRS} | {"eager"}  # conditions whose requests are steered
 
 
@@ -123,6 +132,7 @@ def _child(job_path: str, out: Path) -> None:
         for j in range(b):  # every request its own two vectors and scales
             spec = [{"id": f"v{j % N_VECTORS}", "layer": l1, "scale": 1.0 + j / b},
                     {"id": f"v{(j + 1) % N_VECTORS}", "layer": l2, "scale": -0.5 - j / b}]
+            spec = [{**e, **MODES[cond]} for e in spec] if cond in MODES else spec
             extra = {"hotwire": json.dumps(spec)} if cond in STEERED else None
             params.append(SamplingParams(max_tokens=n, temperature=0.0, ignore_eos=True, extra_args=extra))
         sent["steered"] += b if cond in STEERED else 0
@@ -229,8 +239,10 @@ def _run_child(work: Path, tag: str, process: str, common: dict) -> dict:
     env.setdefault("TORCHINDUCTOR_FORCE_FILTER_REDUCTION_CONFIGS", "1")
     if not PROCESSES[process][0]:
         env["VLLM_PLUGINS"] = "none"  # vLLM loads no general plugin: a plugin-free engine
-    if process == "hotwire_2":
+    if process in ("hotwire_2", "hotwire_modes"):
         env["HOTWIRE_LAYERS"] = ",".join(map(str, steered_layers(common["layers"])))
+    if process == "hotwire_modes":
+        env["HOTWIRE_PROJECTION_LAYERS"] = "all"
     t = time.time()
     with open(log, "w") as f:
         cmd = [sys.executable, __file__, "--child", str(job), "--out", str(out)]

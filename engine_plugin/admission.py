@@ -18,7 +18,7 @@ from typing import Any
 
 import torch
 
-from hotwire.shared.spec import MAX_ENTRIES, NO_END, Gate, SpecError, SteerEntry, parse_spec, spec_from_extra_args
+from hotwire.shared.spec import MAX_ENTRIES, NO_END, PROJECTION_MODES, Gate, SpecError, SteerEntry, parse_spec, spec_from_extra_args
 
 from .counters import Counters
 from .interventions import coefficient_words, probe_words
@@ -64,9 +64,10 @@ class Admission:
     """
 
     def __init__(self, registry: Registry, *, armed: Iterable[int], entries: int, requests: int,
-                 limit: float, counters: Counters | None):
+                 limit: float, counters: Counters | None, projecting: Iterable[int] = ()):
         self.registry, self.entries, self.limit, self.counters = registry, entries, limit, counters
         self.armed = frozenset(armed)
+        self.projecting = frozenset(projecting)  # HOTWIRE_PROJECTION_LAYERS: where h can be read
         self.active: dict[str, Admitted] = {}
         self._free = list(range(requests, 0, -1))  # request row 0 is the null row
 
@@ -122,13 +123,19 @@ class Admission:
         for e in entries:
             span = e.span(prompt_len)
             g = 0 if e.gate is None else gates.get(e.gate) or self._gate(e.gate, len(gates) + 1, add, gates)
-            for layer in e.targets(self.armed):
+            # "all": every layer the entry can run on (a projecting mode: the projection layers)
+            for layer in e.targets(self.projecting if e.mode in PROJECTION_MODES else self.armed):
                 if e.gate is not None and e.gate.layer > layer:
                     raise SpecError("bad_params", f"gate on layer {e.gate.layer} is after the entry's layer {layer}")
                 slot = self._slot(e, layer)
                 mode, a, lo, hi = coefficient_words(e, float(self.registry.norm[slot]), self.limit)
                 add(layer, slot, (*span, mode, a, lo, hi, g))
         return tuple(terms), tuple(sorted(slots))
+
+    def _reads_stream(self, layer: int, what: str) -> None:
+        if layer not in self.projecting:
+            raise SpecError("unarmed_projection", f"{what} needs the stream at layer {layer}, which is not "
+                            f"among HOTWIRE_PROJECTION_LAYERS ({sorted(self.projecting) or 'none'})")
 
     def _gate(self, gate: Gate, g: int, add, gates: dict[Gate, int]) -> int:
         """Give ``gate`` index ``g`` and put its probe entry on the probe layer."""
@@ -137,6 +144,7 @@ class Admission:
         if gate.layer not in self.armed:
             raise SpecError("unarmed_layer", f"gate probe layer {gate.layer} is not armed "
                             f"(armed: {sorted(self.armed)})")
+        self._reads_stream(gate.layer, "a gate probe")
         slot = self.registry.resolve(gate.probe, gate.layer)
         if slot is None:
             raise SpecError("unknown_id", f"no probe vector {gate.probe!r} for layer {gate.layer}")
@@ -149,6 +157,8 @@ class Admission:
         """The bank slot serving ``e`` at ``layer``, or SpecError (why it cannot run there)."""
         if layer not in self.armed:
             raise SpecError("unarmed_layer", f"layer {layer} is not armed (armed: {sorted(self.armed)})")
+        if e.mode in PROJECTION_MODES:
+            self._reads_stream(layer, e.mode)
         slot = self.registry.resolve(e.id, layer)
         if slot is None:
             raise SpecError("unknown_id", f"no vector {e.id!r} for layer {layer}")

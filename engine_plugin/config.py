@@ -14,6 +14,9 @@ from hotwire.shared.spec import layer_ranges
 class HotwireConfig:
     slots: int = 1024  # bank rows: one per (vector, layer), or per vector for (hidden,) vectors
     layers: str = "all"  # decoder layers to arm: "all" or e.g. "0,4,10-20"
+    # armed layers whose op also reads the residual, so the projecting modes (norm, ablate, clamp)
+    # and gate probes can run there; "" (default): none, "all", or a list as for ``layers``
+    projection_layers: str = ""
     entries: int = 4  # routing columns: entries one request may put on one layer
     vectors_dir: str | None = None  # startup vectors, loaded before the mailbox opens
     mailbox: str | None = DEFAULT_MAILBOX  # None disables the control-API mailbox
@@ -26,6 +29,7 @@ class HotwireConfig:
         return cls(
             slots=int(env.get("HOTWIRE_SLOTS", cls.slots)),
             layers=env.get("HOTWIRE_LAYERS", cls.layers),
+            projection_layers=env.get("HOTWIRE_PROJECTION_LAYERS", cls.projection_layers),
             entries=int(env.get("HOTWIRE_ENTRIES", cls.entries)),
             vectors_dir=env.get("HOTWIRE_VECTORS") or None,
             mailbox=None if mailbox.lower() in ("", "off", "none") else mailbox,
@@ -34,9 +38,11 @@ class HotwireConfig:
 
     def armed_layers(self, n_layers: int) -> list[int]:
         """Parse ``layers`` against a model with ``n_layers`` decoder layers."""
-        if self.layers.strip().lower() == "all":
-            return list(range(n_layers))
-        return sorted({i for i in layer_ranges(self.layers) if 0 <= i < n_layers})
+        return _layers(self.layers, n_layers)
+
+    def projecting_layers(self, n_layers: int) -> frozenset[int]:
+        """The armed layers where the projecting modes can run (``projection_layers``)."""
+        return frozenset(_layers(self.projection_layers, n_layers)) & frozenset(self.armed_layers(n_layers))
 
 
     def mailbox_gid(self) -> int | None:
@@ -48,3 +54,9 @@ class HotwireConfig:
             return grp.getgrnam(group).gr_gid
         except KeyError:
             raise ValueError(f"HOTWIRE_MAILBOX_GROUP={group}: no such group") from None
+
+
+def _layers(text: str, n_layers: int) -> list[int]:
+    if text.strip().lower() == "all":
+        return list(range(n_layers))
+    return sorted({i for i in layer_ranges(text) if 0 <= i < n_layers})

@@ -95,7 +95,8 @@ class CoreSync:
         registry, counters = Registry(cfg.slots), process_counters()
         admission = Admission(registry, armed=armed, entries=cfg.entries,
                               requests=2 * int(vllm_config.scheduler_config.max_num_seqs),
-                              limit=entry_limit(dtype), counters=counters)
+                              limit=entry_limit(dtype), counters=counters,
+                              projecting=cfg.projecting_layers(int(text.num_hidden_layers)))
         pending = PendingDelta(fp.hidden, dtype, armed=tuple(armed))
         loaded = cls._load_startup(cfg, fp, armed, pending)
         box = cls._open_mailbox(cfg, vllm_config, fp, armed, loaded)

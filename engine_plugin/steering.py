@@ -132,31 +132,37 @@ def _positions_arg(cls: type) -> int | None:
 
 
 @functools.cache
-def _steered_class(base: type) -> type:
-    """A subclass of ``base`` whose forward steers the residual stream it returns."""
+def _steered_class(base: type, reads_stream: bool) -> type:
+    """A subclass of ``base`` whose forward steers the residual stream it returns; with
+    ``reads_stream`` its op is also given the residual (the projecting modes need ``h``)."""
     at = _positions_arg(base)
 
     def forward(self, *args, **kwargs):
         out = base.forward(self, *args, **kwargs)
         positions = kwargs["positions"] if "positions" in kwargs else args[at]
         if isinstance(out, tuple) and len(out) == 2 and out[1] is not None:
-            # vLLM's fused pair: the stream is hidden + residual. Write ``hidden``, the layer's
+            # vLLM's fused pair: the stream is hidden + residual. Steer ``hidden``, the layer's
             # own output (in most families the MLP's down projection, a GEMM result that every
             # compiled graph materialises), never ``residual``: inductor may keep the residual sum
             # unmaterialised in float32 and recompute it inside the next norm kernel, and an op
-            # writing it would force a rounded copy, moving unsteered tokens' logprobs. The
-            # residual is read (the projecting modes need the stream), never written.
+            # reading it forces a rounded bf16 copy the next norm then loads (unsteered logprobs
+            # moved by up to 1e-2 on the GPU at hidden 128; bit-exact at Qwen3 0.6B's width). So
+            # only HOTWIRE_PROJECTION_LAYERS read it.
             hidden, residual = out
-            return self.hotwire(hidden, residual, positions, self.hotwire_route), residual
+            stream = residual if reads_stream else None
+            return self.hotwire(hidden, stream, positions, self.hotwire_route), residual
         if isinstance(out, torch.Tensor):
             return self.hotwire(out, None, positions, self.hotwire_route)
         raise TypeError(f"{base.__name__} returns {type(out).__name__}; cannot steer it")
 
-    return type(f"Steered{base.__name__}", (base,), {"forward": forward, "__module__": __name__})
+    name = f"{'Projecting' if reads_stream else 'Steered'}{base.__name__}"
+    return type(name, (base,), {"forward": forward, "__module__": __name__})
 
 
-def arm(found: dict[int, nn.Module], armed: list[int], tables: SteeringTables) -> ArmedModel:
-    """Wrap the chosen decoder layers (from :func:`decoder_layers`) in place.
+def arm(found: dict[int, nn.Module], armed: list[int], tables: SteeringTables,
+        projecting: frozenset[int] = frozenset()) -> ArmedModel:
+    """Wrap the chosen decoder layers (from :func:`decoder_layers`) in place; those in
+    ``projecting`` read the residual too.
 
     Layer names and parameters are unchanged; the tables become a child of each armed layer,
     so torch.compile sees them as module buffers (graph inputs at fixed addresses). The layer's
@@ -167,5 +173,5 @@ def arm(found: dict[int, nn.Module], armed: list[int], tables: SteeringTables) -
         layer = found[i]
         layer.add_module("hotwire", tables)
         layer.register_buffer("hotwire_route", tables.layer(pos), persistent=False)
-        layer.__class__ = _steered_class(type(layer))
+        layer.__class__ = _steered_class(type(layer), i in projecting)
     return ArmedModel(tables, tuple(armed))

@@ -81,6 +81,7 @@ COUNTERS = (
     "unsteered_bad_params",  # a mode's parameters contradict each other (a clamp with lo > hi)
     "unsteered_zero_vector",  # a projecting mode (norm, ablate, clamp) named a zero vector
     "unsteered_preset_unresolved",  # a {"preset": ...} item reached the engine unexpanded
+    "unsteered_unarmed_projection",  # a projecting mode or probe on a layer not in HOTWIRE_PROJECTION_LAYERS
     "gate_opened_tokens",  # tokens for which a gated request's gate opened (the rank sharing the core's process)
 )
 COUNTER_INDEX = {name: i for i, name in enumerate(COUNTERS)}

@@ -40,23 +40,26 @@ BAD_SPECS = {  # spec -> the reason it is counted under
 }
 MODE_SPECS = {  # every mode, alone, on many layers, and stacked on one layer with an add
     "ablate": {"id": "boost", "layer": 1, "mode": "ablate"},
-    "norm_layers": {"id": "a", "layers": [0, 2], "mode": "norm", "scale": 0.5},
+    "norm_layers": {"id": "a", "layers": [1, 2], "mode": "norm", "scale": 0.5},
     "clamp_all": {"id": "boost", "layers": "all", "mode": "clamp", "lo": -0.5, "hi": 0.5, "positions": "generated"},
     "stacked": [{"id": "a", "layer": 2, "mode": "ablate"}, {"id": "b", "layer": 2, "mode": "norm", "scale": -0.4},
                 {"id": "layered", "layer": 2, "scale": 0.5},
                 {"id": "boost", "layer": 3, "mode": "clamp", "lo": 2.0, "hi": 2.0, "positions": [2, 40]}],
     "gated": [{"id": "boost", "layer": 2, "scale": 3.0, "gate": {"probe": "a", "layer": 1, "threshold": 0.0}},
               {"id": "b", "layer": 1, "mode": "ablate", "gate": {"probe": "a", "layer": 1, "threshold": 0.0}},
-              {"id": "a", "layer": 3, "scale": -2.0, "gate": {"probe": "layered", "layer": 0, "threshold": 0.0}}],
+              {"id": "a", "layer": 3, "scale": -2.0, "gate": {"probe": "layered", "layer": 1, "threshold": 0.0}}],
 }
 BAD_SPECS.update({
     '{"id": "boost", "layer": 1, "mode": "clamp", "lo": 1, "hi": 0}': "unsteered_bad_params",
     '{"id": "zero", "layer": 1, "mode": "ablate"}': "unsteered_zero_vector",
     '[{"id": "boost", "layer": 1}, {"preset": "calm"}]': "unsteered_preset_unresolved",
     '{"id": "boost", "layer": 1, "gate": {"probe": "a", "layer": 2}}': "unsteered_bad_params",
-    '{"id": "boost", "layer": 1, "gate": {"probe": "zero", "layer": 0}}': "unsteered_zero_vector",
+    '{"id": "boost", "layer": 1, "gate": {"probe": "zero", "layer": 1}}': "unsteered_zero_vector",
+    '{"id": "boost", "layer": 0, "mode": "ablate"}': "unsteered_unarmed_projection",  # layer 0 reads no stream
+    '{"id": "boost", "layer": 2, "gate": {"probe": "a", "layer": 0}}': "unsteered_unarmed_projection",
 })
 MAX_TOKENS = 10
+PROJECTING = {1, 2, 3}  # HOTWIRE_PROJECTION_LAYERS of the steered engine
 
 
 def _rounds(tok) -> dict[str, list[dict]]:
@@ -106,7 +109,8 @@ def _named(out: dict, rounds: dict) -> dict[str, list[dict]]:
 @pytest.fixture(scope="module")
 def steered(tmp_path_factory, tiny_model, vectors_dir, rounds):
     tmp = tmp_path_factory.mktemp("steered")
-    out = run_engine(tmp, _job(tiny_model, rounds, True), engine_env(tmp, HOTWIRE_VECTORS=str(vectors_dir)))
+    env = engine_env(tmp, HOTWIRE_VECTORS=str(vectors_dir), HOTWIRE_PROJECTION_LAYERS="1-3")  # PROJECTING
+    out = run_engine(tmp, _job(tiny_model, rounds, True), env)
     return _named(out, rounds), out
 
 
@@ -279,7 +283,7 @@ def _terms(spec, vectors, prompt_len):
     out = []
     for e in parse_spec(spec):
         vec = vectors[e.id]
-        for layer in e.targets(set(range(LAYERS))):
+        for layer in e.targets(set(range(LAYERS)) if e.mode == "add" else PROJECTING):
             row = vec[layer] if vec.ndim == 2 else vec
             out.append((layer, row, e, *e.span(prompt_len)))
     return out

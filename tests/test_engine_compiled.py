@@ -36,7 +36,7 @@ def runs(tmp_path_factory, tiny_model, vectors_dir, rounds):
     out = {}
     for plugin in (True, False):
         tmp = tmp_path_factory.mktemp("compiled-steered" if plugin else "compiled-free")
-        env = engine_env(tmp, HOTWIRE_VECTORS=str(vectors_dir), HOTWIRE_LAYERS="1,2")
+        env = engine_env(tmp, HOTWIRE_VECTORS=str(vectors_dir), HOTWIRE_LAYERS="1,2", HOTWIRE_PROJECTION_LAYERS="1,2")
         out[plugin] = run_engine(tmp, {"model": str(tiny_model), "engine": engine, "plugin": plugin,
                                        "rounds": rounds, "graph_counts": True}, env)
     return out

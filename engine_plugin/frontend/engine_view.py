@@ -29,6 +29,7 @@ from hotwire.shared.mailbox import ACTIVE, MailboxError, MailboxView, entry_prob
 from hotwire.shared.spec import SPEC_KEY, SpecError, parse_spec
 
 from ..admission import Admission, entry_limit
+from ..config import HotwireConfig
 from ..counters import Counters
 from ..delta import PendingDelta
 from ..registry import Registry
@@ -129,8 +130,10 @@ class _Rank:
         armed = view.armed_layers()
         if armed != self._armed:
             self._armed = armed
+            projecting = HotwireConfig.from_env().projecting_layers(fp.n_layers)  # the engine's, by env
             self._admission = Admission(self._registry, armed=armed, entries=self.entries,
-                                        requests=1, limit=self._limit, counters=self._refusal)
+                                        requests=1, limit=self._limit, counters=self._refusal,
+                                        projecting=projecting)
 
 
 class EngineView:
