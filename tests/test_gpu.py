@@ -71,8 +71,9 @@ def _rounds():
     s0 = {"id": "v0", "layer": 2, "scale": 4.0}
     s1 = [{"id": "v1", "layer": 1, "scale": 3.0}, {"id": "layered", "layer": 4, "scale": 2.0}]
     s2 = {"id": "v2", "layer": 3, "scale": -4.0, "decode_only": True}
-    s3 = [{"id": "v0", "layer": 2, "mode": "ablate"}, {"id": "v1", "layers": [1, 3], "mode": "norm", "scale": 0.3}]
-    s4 = {"id": "v2", "layers": "all", "mode": "clamp", "lo": -0.5, "hi": 0.5}
+    s3 = [{"id": "v0", "layer": 2, "mode": "ablate"}, {"id": "v1", "layers": [1, 3], "mode": "norm", "scale": 0.3},
+          {"id": "v2", "layer": 4, "scale": 4.0, "gate": {"probe": "v0", "layer": 2, "threshold": 0.0}}]
+    s4 = {"id": "v2", "layers": "all", "mode": "clamp", "lo": 2.0, "hi": 2.0}  # pinned: moves these weights
 
     def w(r, spec):
         return {**r, "spec": spec}
