@@ -26,7 +26,7 @@ from pathlib import Path
 
 import numpy as np
 
-from hotwire.engine_plugin.tiny_model import QWEN3_SHAPES, steered_layers, write_config
+from hotwire.tools.tiny_model import QWEN3_SHAPES, steered_layers, write_config
 
 N_VECTORS = 256
 

@@ -23,7 +23,7 @@ import sys
 import tempfile
 from pathlib import Path
 
-from hotwire.engine_plugin.verify import differences, probe_batch, probe_engine, run_job
+from hotwire.tools.verify import differences, probe_batch, probe_engine, run_job
 
 
 def main() -> int:

@@ -44,7 +44,7 @@ checks() {
   job e2e env HOTWIRE_E2E_GPU=1 VLLM_BATCH_INVARIANT=1 python3 -m pytest tests/test_e2e_serve.py tests/test_e2e_attacks.py \
     --basetemp /tmp/pt-e2e -p no:cacheprovider -rA
   # control: two plugin-free engines on the e2e model (hidden 128), each compiling cold
-  python3 -c "from hotwire.engine_plugin.tiny_model import build_tiny; build_tiny('/tmp/hw-tiny')"
+  python3 -c "from hotwire.tools.tiny_model import build_tiny; build_tiny('/tmp/hw-tiny')"
   local ea='{"dtype": "bfloat16", "attention_backend": "TRITON_ATTN", "gpu_memory_utilization": 0.05,
             "kv_cache_memory_bytes": 536870912}'
   job determinism python3 benchmarks/determinism.py --model /tmp/hw-tiny --out "$out/determinism-tiny.json" \

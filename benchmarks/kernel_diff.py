@@ -28,7 +28,7 @@ import sys
 import tempfile
 from pathlib import Path
 
-from hotwire.engine_plugin.verify import probe_batch, probe_engine
+from hotwire.tools.verify import probe_batch, probe_engine
 
 # inductor's output code: async_compile.triton('triton_per_fused_add_mean_3', '''<source>''', ...)
 _KERNEL = re.compile(r"async_compile\.triton\('(\w+)', '''(.*?)'''", re.S)
@@ -67,7 +67,7 @@ def main() -> int:
                "VLLM_CACHE_ROOT": str(work / "vllm-cache"), "TORCHINDUCTOR_CACHE_DIR": str(work / "inductor"),
                "HOTWIRE_MAILBOX": str(work / "engine.mbx")}
         with open(work / "engine.log", "w") as log:
-            rc = subprocess.run([sys.executable, "-m", "hotwire.engine_plugin.jobs", str(work / "job.json"),
+            rc = subprocess.run([sys.executable, "-m", "hotwire.tools.jobs", str(work / "job.json"),
                                  str(work / "out.json")], env=env, stdout=log, stderr=subprocess.STDOUT).returncode
         if rc != 0:
             raise SystemExit(f"kernel_diff: the {name} engine failed (exit {rc}); see {work / 'engine.log'}")

@@ -67,7 +67,7 @@ from pathlib import Path
 
 import numpy as np
 
-from hotwire.engine_plugin.tiny_model import benchmark_model, steered_layers
+from hotwire.tools.tiny_model import benchmark_model, steered_layers
 
 PROMPT_LEN, N1, N_VECTORS = 32, 8, 256
 PROCESSES = {  # process kind: (plugin loaded, enforce_eager, conditions measured in it)

@@ -89,7 +89,7 @@ import httpx
 import numpy as np
 
 from hotwire.engine_plugin.core_sync import HEARTBEAT_S
-from hotwire.engine_plugin.tiny_model import benchmark_model, steered_layers
+from hotwire.tools.tiny_model import benchmark_model, steered_layers
 
 N_VECTORS, SERVED, TARGET = 256, "bench", 0.99
 GPU_MEMORY_UTILIZATION = 0.25  # per server; three share the GPU

@@ -36,8 +36,8 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "presets": ("hotwire.control_api.presets_cli", "store, list and remove presets (named "
                 "lists of spec entries)"),
     "slots": ("hotwire.control_api.slots_cli", "show the engine's slot table"),
-    "demo": ("hotwire.engine_plugin.demo", "steered vs unsteered answers of a real chat model (SmolLM2), end to end"),
-    "verify": ("hotwire.engine_plugin.verify", "check steering, batchmate exactness and cost on a model"),
+    "demo": ("hotwire.tools.demo", "steered vs unsteered answers of a real chat model (SmolLM2), end to end"),
+    "verify": ("hotwire.tools.verify", "check steering, batchmate exactness and cost on a model"),
 }
 
 

@@ -50,7 +50,7 @@ def configure(parser: argparse.ArgumentParser) -> None:
     make = actions.add_parser(
         "make", help="build a contrast vector from positive and negative prompts (transformers)",
         description="Mean residual stream at the end of LAYER over the positive prompts minus the "
-                    "same over the negative ones (recipe: hotwire.engine_plugin.contrast). Needs "
+                    "same over the negative ones (recipe: hotwire.tools.contrast). Needs "
                     "torch and transformers; runs on CUDA when available, else CPU.")
     make.add_argument("out", type=Path, help="output .safetensors file")
     make.add_argument("--model", required=True, help="model directory (a transformers checkpoint); "
@@ -149,11 +149,11 @@ def _make(args: argparse.Namespace) -> int:
     if not positive or not negative:
         print("error: give at least one positive and one negative prompt", file=sys.stderr)
         return EXIT_USAGE
-    from hotwire.engine_plugin import contrast
+    from hotwire.tools import contrast
 
     model_path = args.model
     if model_path == "smollm2":
-        from hotwire.engine_plugin.smollm2 import checkpoint
+        from hotwire.tools.smollm2 import checkpoint
 
         model_path = str(checkpoint())
     model, tokenizer = contrast.load(model_path, args.device)

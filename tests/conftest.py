@@ -28,7 +28,7 @@ requires_vllm = pytest.mark.skipif(not _have_vllm(), reason="vLLM is not install
 
 @pytest.fixture(scope="session")
 def tiny_model(tmp_path_factory) -> Path:
-    from hotwire.engine_plugin.tiny_model import build_tiny
+    from hotwire.tools.tiny_model import build_tiny
 
     return build_tiny(tmp_path_factory.mktemp("model") / "tiny-qwen3", hidden=HIDDEN, layers=LAYERS)
 
@@ -96,11 +96,11 @@ CPU_ENGINE = dict(enforce_eager=True, dtype="float32", kv_cache_memory_bytes=128
 
 
 def run_engine(tmp: Path, job: dict, env: dict[str, str], timeout: int = 900) -> dict:
-    """Run :mod:`hotwire.engine_plugin.jobs` in a fresh process; return its JSON plus its log."""
+    """Run :mod:`hotwire.tools.jobs` in a fresh process; return its JSON plus its log."""
     tmp.mkdir(parents=True, exist_ok=True)
     job_path, out_path = tmp / "job.json", tmp / "out.json"
     job_path.write_text(json.dumps(job))
-    proc = subprocess.run([sys.executable, "-m", "hotwire.engine_plugin.jobs", str(job_path), str(out_path)],
+    proc = subprocess.run([sys.executable, "-m", "hotwire.tools.jobs", str(job_path), str(out_path)],
                           env=env, capture_output=True, text=True, timeout=timeout)
     log = proc.stdout + proc.stderr
     if proc.returncode != 0:

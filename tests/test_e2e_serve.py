@@ -34,7 +34,7 @@ import pytest
 
 from conftest import CPU_ENGINE, HIDDEN, LAYERS, requires_vllm
 from control_harness import json_body, safetensors_blob
-from hotwire.engine_plugin.verify import STABLE_INDUCTOR
+from hotwire.tools.verify import STABLE_INDUCTOR
 from hotwire.shared.wire import encode_safetensors
 from servers import ControlApi, VllmServer, logs_on_failure, wait_for
 
@@ -488,7 +488,7 @@ class Running:
 def small_rig(request, tmp_path_factory):
     """A second server pair whose engine has room for two vectors, on the tiny model with a
     longer context (the same weights and tokenizer: built from the same seed)."""
-    from hotwire.engine_plugin.tiny_model import build_tiny
+    from hotwire.tools.tiny_model import build_tiny
 
     tmp = tmp_path_factory.mktemp("e2e-small")
     model = build_tiny(tmp / "tiny-qwen3-long", hidden=HIDDEN, layers=LAYERS, max_positions=8192)

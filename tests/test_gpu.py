@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 
 from conftest import engine_env, run_engine
-from hotwire.engine_plugin.verify import STABLE_INDUCTOR
+from hotwire.tools.verify import STABLE_INDUCTOR
 
 pytestmark = pytest.mark.gpu
 
@@ -42,7 +42,7 @@ if not _cuda():
 
 @pytest.fixture(scope="module")
 def model(tmp_path_factory):
-    from hotwire.engine_plugin.tiny_model import write_config
+    from hotwire.tools.tiny_model import write_config
 
     return write_config(tmp_path_factory.mktemp("gpu-model"), "qwen3-0.6b", num_hidden_layers=LAYERS)
 

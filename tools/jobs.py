@@ -4,7 +4,7 @@ Each engine runs in a fresh process because the plugin patches vLLM's classes pr
 a plugin-free reference run must never share a process with a steered one. Used by the tests,
 ``hotwire verify`` and the benchmarks.
 
-    python -m hotwire.engine_plugin.jobs JOB.json OUT.json
+    python -m hotwire.tools.jobs JOB.json OUT.json
 
 Job::
 
@@ -102,7 +102,7 @@ def main(job_path: str, out_path: str) -> None:
     if job.get("plugin", True) and box and os.path.exists(box):
         from hotwire.shared.mailbox import MailboxView
 
-        from .core_sync import HEARTBEAT_S
+        from hotwire.engine_plugin.core_sync import HEARTBEAT_S
 
         time.sleep(2 * HEARTBEAT_S)  # the heartbeat publishes steps and host time
         view = MailboxView.open(box)

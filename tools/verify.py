@@ -64,7 +64,7 @@ def _direction(model_dir: Path, hidden: int, token: int) -> np.ndarray:
 def run_job(work: Path, name: str, job: dict, env: dict[str, str]) -> tuple[dict, list[str]]:
     """One engine process: its JSON output and the plugin's own log lines (``hotwire: ...``)."""
     (work / f"{name}.json").write_text(json.dumps(job))
-    proc = subprocess.run([sys.executable, "-m", "hotwire.engine_plugin.jobs", str(work / f"{name}.json"),
+    proc = subprocess.run([sys.executable, "-m", "hotwire.tools.jobs", str(work / f"{name}.json"),
                            str(work / f"{name}.out.json")], env=env, capture_output=True, text=True)
     log = proc.stdout + proc.stderr
     if proc.returncode != 0:
