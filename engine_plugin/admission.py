@@ -122,7 +122,10 @@ class Admission:
 
         for e in entries:
             span = e.span(prompt_len)
-            g = 0 if e.gate is None else gates.get(e.gate) or self._gate(e.gate, len(gates) + 1, add, gates)
+            g = 0 if e.gate is None else (gates.get(e.gate)
+                                          or self._gate(e.gate, len(gates) + 1, add, gates, prompt_len))
+            if e.gate is not None and e.gate.scope == "prompt":  # from the deciding token on
+                span = (max(span[0], prompt_len - 1), span[1])
             # "all": every layer the entry can run on (a projecting mode: the projection layers)
             for layer in e.targets(self.projecting if e.mode in PROJECTION_MODES else self.armed):
                 if e.gate is not None and e.gate.layer > layer:
@@ -137,8 +140,9 @@ class Admission:
             raise SpecError("unarmed_projection", f"{what} needs the stream at layer {layer}, which is not "
                             f"among HOTWIRE_PROJECTION_LAYERS ({sorted(self.projecting) or 'none'})")
 
-    def _gate(self, gate: Gate, g: int, add, gates: dict[Gate, int]) -> int:
-        """Give ``gate`` index ``g`` and put its probe entry on the probe layer."""
+    def _gate(self, gate: Gate, g: int, add, gates: dict[Gate, int], prompt_len: int) -> int:
+        """Give ``gate`` index ``g`` (``-g`` for a prompt gate, in every entry it concerns) and put
+        its probe entry on the probe layer: on every token, or on the prompt's last one."""
         if g > self.entries:
             raise SpecError("too_many_entries", f"more than {self.entries} distinct gates")
         if gate.layer not in self.armed:
@@ -149,9 +153,10 @@ class Admission:
         if slot is None:
             raise SpecError("unknown_id", f"no probe vector {gate.probe!r} for layer {gate.layer}")
         mode, a, threshold, _ = probe_words(gate.threshold, float(self.registry.norm[slot]), gate.probe)
-        add(gate.layer, slot, (0, NO_END, mode, a, threshold, 0, g))
-        gates[gate] = g
-        return g
+        word, window = (g, (0, NO_END)) if gate.scope == "token" else (-g, (prompt_len - 1, prompt_len))
+        add(gate.layer, slot, (*window, mode, a, threshold, 0, word))
+        gates[gate] = word
+        return word
 
     def _slot(self, e: SteerEntry, layer: int) -> int:
         """The bank slot serving ``e`` at ``layer``, or SpecError (why it cannot run there)."""

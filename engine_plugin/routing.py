@@ -62,7 +62,7 @@ class Router:
     def _gates_elsewhere(self, terms: tuple[Term, ...]) -> set[int]:
         """Gates whose probe layer another pipeline stage holds: their entries here stay off (a
         stage cannot read another's stream), said once per request."""
-        probes = {t[-1]: t[0] for t in terms if t[5] == PROBE}
+        probes = {t[-1]: t[0] for t in terms if t[5] == PROBE}  # gate word -> probe layer
         cut = {g for g, layer in probes.items() if self.armed.position(layer) is None}
         if cut and any(t[-1] in cut and self.armed.position(t[0]) is not None for t in terms):
             log.warning("hotwire: gates %s probe layers on another pipeline stage; the entries they gate on "
@@ -76,7 +76,7 @@ class Router:
                 continue
             del self._row_of[req_id]
             self._dirty = True
-            gates = max((t[-1] for t in admitted.terms), default=0)
+            gates = max((abs(t[-1]) for t in admitted.terms), default=0)
             if gates and self.report is not None:
                 self.report.finish(req_id, admitted.row, gates)
 
@@ -89,8 +89,9 @@ class Router:
         rows, route = zip(*self._staged)
         self._staged.clear()
         dev = self.tables.route.device
-        self.tables.route.index_copy_(0, to_device(np.array(rows, dtype=np.int64), dev),
-                                      to_device(np.stack(route), dev))
+        idx = to_device(np.array(rows, dtype=np.int64), dev)
+        self.tables.route.index_copy_(0, idx, to_device(np.stack(route), dev))
+        self.tables.gate_decided.index_fill_(0, idx, 0)  # a new request's prompt gates start closed
         self._rows_written = True
 
     # -- per step -----------------------------------------------------------------------------

@@ -44,14 +44,16 @@ from .interventions import (ADD, CLAMP_HI, CLAMP_LO, COEF, GATE, MODE, POS_HI, P
 
 class GateScratch(NamedTuple):
     """Where gates are recorded: ``gates [N, G]`` int32 (per token of the step: did gate g open),
-    ``tok_row [N]`` int32 (each token's request row) and ``counts [R+1, G]`` int32 (tokens each
-    gate opened, per request row). The op reaches them through the bank it is given, the way
+    ``tok_row [N]`` int32 (each token's request row), ``counts [R+1, G]`` int32 (tokens each
+    gate opened, per request row) and ``decided [R+1, G]`` int32 (a prompt gate's decision, per
+    request row, held for the rest of the request). The op reaches them through the bank it is given, the way
     vLLM's attention reaches its KV cache through the forward context: a probe's write at layer
     P precedes every read at a layer after it because those layers' inputs depend on P's output."""
 
     gates: torch.Tensor
     tok_row: torch.Tensor
     counts: torch.Tensor
+    decided: torch.Tensor
 
 
 _SCRATCH: dict[int, GateScratch] = {}
@@ -74,7 +76,7 @@ def reference(x: torch.Tensor, residual: torch.Tensor | None, positions: torch.T
     on = (pos >= rt[..., POS_LO]) & (pos < rt[..., POS_HI])      # [T, K] inside the entry's window
     if not on.any():  # nothing to do on this step: the common case, kept cheap on the CPU
         return x.clone(memory_format=torch.contiguous_format)
-    mode, gate = rt[..., MODE], rt[..., GATE]                    # [T, K]
+    mode, gate = rt[..., MODE], rt[..., GATE]                    # [T, K] gate < 0: a prompt gate
     acc = x.to(torch.float32, copy=True)                         # [T, H]
     project = bool((on & (mode != ADD)).any())                   # any entry needs h·v or ‖h‖
     h = acc if residual is None or not project else acc + residual.float()  # [T, H] the stream
@@ -85,11 +87,17 @@ def reference(x: torch.Tensor, residual: torch.Tensor | None, positions: torch.T
     opened = torch.zeros_like(on)                                # [T, K] the gate an entry names is open
     if scratch is not None and bool(probing.any()):
         t, k = probing.nonzero(as_tuple=True)
-        passed = f[t, k, COEF] * dots[t, k] > f[t, k, THRESHOLD]
-        scratch.gates.index_put_((t, gate[t, k] - 1), passed.int())
-        scratch.counts.index_put_((scratch.tok_row[t].long(), gate[t, k] - 1), passed.int(), accumulate=True)
-    if scratch is not None and bool((gate > 0).any()):
-        opened = torch.gather(scratch.gates[:n], 1, (gate - 1).clamp(min=0).long()) != 0
+        g, req = gate[t, k].abs() - 1, scratch.tok_row[t].long()
+        passed = (f[t, k, COEF] * dots[t, k] > f[t, k, THRESHOLD]).int()
+        scratch.gates.index_put_((t, g), passed)
+        scratch.counts.index_put_((req, g), passed, accumulate=True)
+        prompt = gate[t, k] < 0
+        scratch.decided.index_put_((req[prompt], g[prompt]), passed[prompt])
+    if scratch is not None and bool((gate != 0).any()):
+        g = (gate.abs() - 1).clamp(min=0).long()                 # [T, K]
+        per_token = torch.gather(scratch.gates[:n], 1, g)
+        per_request = scratch.decided[scratch.tok_row[:n].long()[:, None], g]
+        opened = torch.where(gate < 0, per_request, per_token) != 0
     applies = on & (mode != PROBE) & ((gate == 0) | opened)     # [T, K]
     big = torch.finfo(torch.float32).max
     for k, v in enumerate(rows):

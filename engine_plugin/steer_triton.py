@@ -28,6 +28,7 @@ NORM, ABLATE, CLAMP, PROBE = (tl.constexpr(m) for m in (iv.NORM, iv.ABLATE, iv.C
 
 @triton.jit
 def _steer(x_ptr, res_ptr, out_ptr, pos_ptr, bank_ptr, route_ptr, route_stride, gates_ptr, tok_row_ptr, counts_ptr,
+           decided_ptr,
            H: tl.constexpr, K: tl.constexpr, KP: tl.constexpr, G: tl.constexpr, BLOCK: tl.constexpr,
            HAS_RES: tl.constexpr, HAS_GATES: tl.constexpr, TOP: tl.constexpr, BIG: tl.constexpr):
     t = tl.program_id(0).to(tl.int64)
@@ -41,7 +42,8 @@ def _steer(x_ptr, res_ptr, out_ptr, pos_ptr, bank_ptr, route_ptr, route_stride, 
     rows = tl.load(entry + ROW, mask=live, other=0).to(tl.int64)
     on = live & (p >= tl.load(entry + POS_LO, mask=live, other=0)) & (p < tl.load(entry + POS_HI, mask=live, other=0))
     mode = tl.load(entry + MODE, mask=live, other=0)
-    gate = tl.load(entry + GATE, mask=live, other=0)            # [KP] 0: ungated
+    gate = tl.load(entry + GATE, mask=live, other=0)            # [KP] 0: ungated, < 0: a prompt gate
+    g = tl.abs(gate) - 1                                        # [KP] the gate's column
     coef = tl.load(entry + COEF, mask=live, other=0).to(tl.float32, bitcast=True)  # [KP] a
     applies = on & (mode != PROBE)
     projecting = on & (mode != 0)
@@ -66,9 +68,10 @@ def _steer(x_ptr, res_ptr, out_ptr, pos_ptr, bank_ptr, route_ptr, route_stride, 
         if HAS_GATES:
             passed = probing & (proj > lo)
             if tl.program_id(1) == 0:                           # one program per token writes them
-                tl.store(gates_ptr + t * G + gate - 1, passed.to(tl.int32), mask=probing)
+                tl.store(gates_ptr + t * G + g, passed.to(tl.int32), mask=probing)
                 req = tl.load(tok_row_ptr + t).to(tl.int64)
-                tl.atomic_add(counts_ptr + req * G + gate - 1, passed.to(tl.int32), mask=probing)
+                tl.atomic_add(counts_ptr + req * G + g, passed.to(tl.int32), mask=probing)
+                tl.store(decided_ptr + req * G + g, passed.to(tl.int32), mask=probing & (gate < 0))
         coef = tl.where(mode == NORM, coef * hnorm,
                tl.where(mode == ABLATE, -coef * dot,
                tl.where(mode == CLAMP, (tl.minimum(tl.maximum(proj, lo), hi) - proj) * coef, coef)))
@@ -77,9 +80,12 @@ def _steer(x_ptr, res_ptr, out_ptr, pos_ptr, bank_ptr, route_ptr, route_stride, 
     if HAS_GATES:
         # a gate recorded on this layer is read from this program's own probe (the store above may
         # be another program's), one from an earlier layer from the scratch
-        gated = applies & (gate > 0)
+        gated = applies & (gate != 0)
         if tl.sum(gated.to(tl.int32), axis=0) > 0:
-            opened = tl.load(gates_ptr + t * G + gate - 1, mask=gated, other=0) != 0
+            req = tl.load(tok_row_ptr + t).to(tl.int64)
+            per_token = tl.load(gates_ptr + t * G + g, mask=gated & (gate > 0), other=0)
+            per_request = tl.load(decided_ptr + req * G + g, mask=gated & (gate < 0), other=0)
+            opened = tl.where(gate < 0, per_request, per_token) != 0
             here = (gate[:, None] == gate[None, :]) & probing[None, :]           # [KP, KP]
             mine = tl.sum(here.to(tl.int32), axis=1) > 0
             mine_open = tl.sum((here & passed[None, :]).to(tl.int32), axis=1) > 0
@@ -115,10 +121,10 @@ def launch(x: torch.Tensor, residual: torch.Tensor | None, positions: torch.Tens
     if n == 0:
         return out
     k = route.shape[1]
-    gates, tok_row, counts = scratch if scratch is not None else (route, route, route)  # unread without gates
+    gates, tok_row, counts, decided = scratch if scratch is not None else (route,) * 4  # unread without gates
     block = min(1024, triton.next_power_of_2(h))
     _steer[(n, triton.cdiv(h, block))](x, x if residual is None else residual, out, positions, bank, route,
-                                       route.stride(0), gates, tok_row, counts, H=h, K=k,
+                                       route.stride(0), gates, tok_row, counts, decided, H=h, K=k,
                                        KP=triton.next_power_of_2(k), G=gates.shape[-1] if scratch is not None else 1,
                                        BLOCK=block, HAS_RES=residual is not None, HAS_GATES=scratch is not None,
                                        TOP=torch.finfo(x.dtype).max, BIG=torch.finfo(torch.float32).max,

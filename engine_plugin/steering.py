@@ -48,6 +48,7 @@ class SteeringTables(nn.Module):
         gates     [N, K]            int32         per token: did the request's gate g open (probes
                                                   write it, gated entries read it; one step long)
         gate_counts [R+1, K]        int32         tokens each gate opened, per request row
+        gate_decided [R+1, K]       int32         a prompt gate's decision, per request row
 
     Both are row-major in the leading index, so admitting requests is one ``index_copy_`` of whole
     rows and a batch change one ``index_select`` straight into ``tok_route``: the fewest launches
@@ -68,7 +69,8 @@ class SteeringTables(nn.Module):
         buf("tok_route", max_tokens, armed, entries, WORDS)
         buf("gates", max_tokens, entries)
         buf("gate_counts", requests + 1, entries)
-        attach_scratch(self.bank, GateScratch(self.gates, self.tok_row, self.gate_counts))
+        buf("gate_decided", requests + 1, entries)
+        attach_scratch(self.bank, GateScratch(self.gates, self.tok_row, self.gate_counts, self.gate_decided))
 
     @property
     def nbytes(self) -> int:

@@ -87,13 +87,16 @@ class SpecError(ValueError):
 
 class Gate(BaseModel):
     """Apply the entry only to tokens with ``h_P · p̂ > threshold`` (``h_P``: the stream at the end of
-    probe layer ``P``, before that layer's own entries; ``p̂``: the probe vector, normalised)."""
+    probe layer ``P``, before that layer's own entries; ``p̂``: the probe vector, normalised).
+    ``scope: "prompt"`` decides once, on the prompt's last token, for that token and every later
+    one (the request's earlier tokens are never steered by it)."""
 
     model_config = ConfigDict(extra="forbid", frozen=True, strict=False)
 
     probe: str = Field(pattern=ID_PATTERN)
     layer: int = Field(ge=0)
     threshold: float = 0.0
+    scope: Literal["token", "prompt"] = "token"
 
     @field_validator("threshold")
     @classmethod

@@ -48,6 +48,11 @@ MODE_SPECS = {  # every mode, alone, on many layers, and stacked on one layer wi
     "gated": [{"id": "boost", "layer": 2, "scale": 3.0, "gate": {"probe": "a", "layer": 1, "threshold": 0.0}},
               {"id": "b", "layer": 1, "mode": "ablate", "gate": {"probe": "a", "layer": 1, "threshold": 0.0}},
               {"id": "a", "layer": 3, "scale": -2.0, "gate": {"probe": "layered", "layer": 1, "threshold": 0.0}}],
+    # prompt gates: decided on the prompt's last token, one that opens and one that stays closed
+    "prompt_open": {"id": "boost", "layer": 2, "scale": 3.0,
+                    "gate": {"probe": "a", "layer": 1, "threshold": -1e30, "scope": "prompt"}},
+    "prompt_closed": {"id": "boost", "layer": 2, "scale": 3.0,
+                      "gate": {"probe": "a", "layer": 2, "threshold": 1e30, "scope": "prompt"}},
 }
 BAD_SPECS.update({
     '{"id": "boost", "layer": 1, "mode": "clamp", "lo": 1, "hi": 0}': "unsteered_bad_params",
@@ -81,7 +86,8 @@ def _rounds(tok) -> dict[str, list[dict]]:
         "cache_steered_again": [req(CACHED, {"id": "boost", "layer": 0, "scale": 2.0})],
         "modes": [req(SHORT[0], MODE_SPECS["ablate"]), req(SHORT[1]), req(SHORT[2], MODE_SPECS["norm_layers"]),
                   req(LONG, MODE_SPECS["clamp_all"]), req(SHORT[3], MODE_SPECS["stacked"]),
-                  req(LONG2, MODE_SPECS["gated"])],
+                  req(LONG2, MODE_SPECS["gated"]), req(SHORT[0], MODE_SPECS["prompt_open"]),
+                  req(SHORT[0], MODE_SPECS["prompt_closed"])],
         "modes_alone": [req(SHORT[3], MODE_SPECS["stacked"])],
     }
 
@@ -165,8 +171,11 @@ def test_steered_output_same_alone_and_in_batch(steered):
 def test_every_mode_steers_and_is_the_same_alone_and_in_batch(steered, plugin_free, rounds):
     """Each mode changes what its request computes; the stacked one is the same alone (invariant 2)."""
     for i, req in enumerate(rounds["modes"]):
-        if _is_steered(req):
-            assert steered[0]["modes"][i]["logprobs"] != plugin_free[0]["modes"][i]["logprobs"], i
+        got, free = steered[0]["modes"][i], plugin_free[0]["modes"][i]
+        if req["spec"] is MODE_SPECS["prompt_closed"]:
+            assert got == free  # the prompt gate stayed closed: the request ran as unsteered
+        elif _is_steered(req):
+            assert got["logprobs"] != free["logprobs"], i
     alone, batched = steered[0]["modes_alone"][0], steered[0]["modes"][4]
     assert alone["tokens"] == batched["tokens"]
     np.testing.assert_allclose(alone["logprobs"], batched["logprobs"], atol=1e-4)
@@ -252,6 +261,8 @@ def _hf_greedy(model, prompt_ids, n_new, terms, probes=None):
                 if gate.layer == layer:
                     p = torch.from_numpy(p).to(h.dtype)
                     opened[gate] = h[0] @ (p / p.norm()) > gate.threshold
+                    if gate.scope == "prompt":  # decided on the prompt's last token, for all
+                        opened[gate] = opened[gate][len(prompt_ids) - 1].expand(h.shape[1])
             add = torch.zeros_like(h[0])
             for _, vec, e, lo, hi in mine:
                 mask = ((pos >= lo) & (pos < hi))
@@ -283,9 +294,12 @@ def _terms(spec, vectors, prompt_len):
     out = []
     for e in parse_spec(spec):
         vec = vectors[e.id]
+        lo, hi = e.span(prompt_len)
+        if e.gate is not None and e.gate.scope == "prompt":
+            lo = max(lo, prompt_len - 1)  # steered from the deciding token on
         for layer in e.targets(set(range(LAYERS)) if e.mode == "add" else PROJECTING):
             row = vec[layer] if vec.ndim == 2 else vec
-            out.append((layer, row, e, *e.span(prompt_len)))
+            out.append((layer, row, e, lo, hi))
     return out
 
 
@@ -301,13 +315,15 @@ def _probes(spec, vectors):
 
 
 def test_gates_open_for_some_tokens_and_are_counted(steered):
-    """The gated request's gates opened for some of its tokens, not all (so the gate decides),
-    and the counts reached the log and the mailbox's counter."""
+    """The gated request's gates opened for some of its tokens, a prompt gate once or never, and
+    the counts reached the log and the mailbox's counter."""
     import re
 
     counts = [list(map(int, re.findall(r"gate \d+: (\d+)", line)))
               for line in steered[1]["log"].splitlines() if "its gates opened for" in line]
-    assert counts and all(0 < n for c in counts for n in c)
+    assert [0] in counts and [1] in counts  # the prompt gates: decided once, closed and open
+    token_gates = [c for c in counts if len(c) == 2]  # the gated request: two token gates
+    assert token_gates and all(0 < n for c in token_gates for n in c)
     assert steered[1]["counters"]["gate_opened_tokens"] == sum(map(sum, counts))
 
 

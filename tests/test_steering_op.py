@@ -385,10 +385,16 @@ from test_steering_op import _gated_case
 x, res, bank, route0, route1, scratch = _gated_case()
 mine = type(scratch)(*(s.clone() for s in scratch))
 pos = torch.arange(8)
-for route in (route0, route1):
-    want, got = reference(x, res, pos, bank, route, scratch), launch(x, res, pos, bank, route, mine)
-    torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
-    assert all(torch.equal(a[:8], b[:8]) for a, b in zip(scratch, mine)), (scratch, mine)
+for prompt in (False, True):  # token gates, then the same as a prompt gate decided on token 0
+    if prompt:
+        route0, route1 = route0.clone(), route1.clone()
+        route0[:, 0, 2] = 1
+        route0[:, :, 7] = -route0[:, :, 7]
+        route1[:, :, 7] = -route1[:, :, 7]
+    for route in (route0, route1):
+        want, got = reference(x, res, pos, bank, route, scratch), launch(x, res, pos, bank, route, mine)
+        torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
+        assert all(torch.equal(a[:8], b[:8]) for a, b in zip(scratch, mine)), (scratch, mine)
 print("kernel ok")
 """
 
@@ -426,7 +432,7 @@ def _gated_case(seed=5):
     route0 = torch.stack([probe, ablate]).expand(n, 2, 8).contiguous()
     route1 = torch.stack([add, torch.zeros(8, dtype=torch.int32)]).expand(n, 2, 8).contiguous()
     scratch = GateScratch(torch.full((16, 2), 7, dtype=torch.int32), torch.full((16,), 3, dtype=torch.int32),
-                          torch.zeros(5, 2, dtype=torch.int32))
+                          torch.zeros(5, 2, dtype=torch.int32), torch.zeros(5, 2, dtype=torch.int32))
     return x, res, bank, route0, route1, scratch
 
 
@@ -447,6 +453,34 @@ def test_a_gate_opens_where_the_probe_layer_projects_above_its_threshold():
     torch.testing.assert_close(out1, out0 + torch.where(opened[:, None], 2.0 * bank[1], 0.0))
     assert torch.equal(out1[~opened], out0[~opened])
     assert torch.equal(reference(x, res, pos, bank, route0), x)  # no scratch: no gate opens
+
+
+def test_a_prompt_gate_decides_on_the_prompts_last_token_and_holds():
+    """Gate word -1: the probe runs on position 5 only (the prompt's last token, as admission
+    writes it) and its decision, kept per request row, opens the gated add on later steps."""
+    x, res, bank, route0, route1, scratch = _gated_case()
+    u = bank[2] / bank[2].norm()
+    h = x + res
+    last = int(torch.nonzero(h @ u > 0.1)[0])  # a token whose stream opens the gate
+    route0 = route0.clone()
+    route0[:, 0, 1:3] = torch.tensor([last, last + 1])  # the probe: that token only
+    route0[:, :, 7] = -1
+    route1 = route1.clone()
+    route1[:, 0, 1] = last  # the gated add: from that token on
+    route1[:, :, 7] = torch.tensor([-1, 0])
+    pos = torch.arange(8)
+    out0 = reference(x, res, pos, bank, route0, scratch)
+    assert scratch.decided[3].tolist() == [1, 0] and scratch.counts[3].tolist() == [1, 0]
+    out1 = reference(out0, res, pos, bank, route1, scratch)
+    later = pos >= last
+    torch.testing.assert_close(out1[later], out0[later] + 2.0 * bank[1])
+    assert torch.equal(out1[~later], out0[~later])
+    # a later step (decode: one token at a new position) reads the held decision
+    x2, r2 = torch.randn(1, H), torch.randn(1, H)
+    step = reference(x2, r2, torch.tensor([9]), bank, route1[:1], scratch)
+    torch.testing.assert_close(step, x2 + 2.0 * bank[1])
+    scratch.decided.zero_()  # a closed decision: nothing
+    assert torch.equal(reference(x2, r2, torch.tensor([9]), bank, route1[:1], scratch), x2)
 
 
 def test_the_op_finds_its_gate_scratch_through_the_bank():
