@@ -95,7 +95,7 @@ def main() -> None:
 
     timings["admit_per_request_seen_spec"] = [t / BATCH for t in _timed(admit_seen, admit_repeat)]
     admit_all()
-    staged = [(1 + j, np.zeros((LAYERS, 4, 4), np.int32)) for j in range(BATCH)]
+    staged = [(1 + j, np.zeros(router.tables.route.shape[1:], np.int32)) for j in range(BATCH)]
     timings["commit_256_arrivals"] = _timed(lambda: (router._staged.extend(staged), router.commit()),
                                             max(5, args.repeat // 20))
     router.route(ids, ones)
