@@ -361,8 +361,9 @@ def test_compose_replica_services_are_the_default_ones_on_other_ports(name):
     default = CONTROL if name in REPLICA_CONTROLS else VLLM
     for key in ("build", "image", "command", "healthcheck", "restart"):
         assert service[key] == default[key], key
-    if default is VLLM:
-        assert service["environment"] == VLLM["environment"]
+    if default is VLLM:  # the same, but presets come from the engine's own control API
+        [control] = [c for c, engine in REPLICA_PAIRS.items() if engine == name]
+        assert service["environment"] == {**VLLM["environment"], "HOTWIRE_CONTROL_URL": f"http://{control}:8001"}
     else:
         assert _hotwire_names(service["environment"]) <= CONTROL_ENV
         for token in ("HOTWIRE_TOKEN", "HOTWIRE_READ_TOKEN"):
