@@ -6,9 +6,12 @@ that are off: an unsteered token reads x and its routing entries, and stores x a
 select, not an add of zero, which compilers may fold away from ``-0.0``). A token with an entry
 that projects (``norm``/``ablate``/``clamp``, :mod:`.interventions`) first reduces ``h·v`` and
 ``‖h‖²`` over the whole hidden dim (each program of the token does, so no program waits for
-another), reading its residual; add-only and unsteered tokens skip that pass. A steered token's
-terms are clamped to float32's finite range and its sum saturated to the output dtype's
-``[-TOP, TOP]`` before it is rounded.
+another), reading its residual; add-only and unsteered tokens skip that pass. Gate probes are
+projecting entries too: the token's first program records whether each opened (``gates``, the
+per-request ``counts``, and for a prompt gate ``decided``), and every program of the token reads a
+gate recorded on this layer from its own probe, one from an earlier layer from the scratch. A
+steered token's terms are clamped to float32's finite range and its sum saturated to the output
+dtype's ``[-TOP, TOP]`` before it is rounded.
 """
 
 from __future__ import annotations
