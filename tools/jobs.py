@@ -11,7 +11,7 @@ Job::
     {"model": PATH, "engine": {LLM kwargs}, "plugin": true,
      "rounds": [[{"prompt": "..." | "prompt_token_ids": [...], "max_tokens": 8,
                   "spec": <hotwire spec or null>, "logprobs": 0}, ...], ...],
-     "graph_counts": false,
+     "graph_counts": false, "progress": false,
      "timing": {"batch": 8, "steps": 64, "rounds": 3, "vocab": 1000, "spec": <spec for every request>}}
 
 Each round is one ``llm.generate`` call (one batch). Output::
@@ -23,6 +23,9 @@ Each round is one ``llm.generate`` call (one batch). Output::
 
 ``armed`` lists the decoder layers the plugin armed, as its mailbox publishes them (empty when
 the plugin is absent, armed nothing, or runs without a mailbox).
+
+``progress`` prints each phase (start, compile, capture, run, timing) on stderr as it starts, as
+:func:`hotwire.tools.progress.mark` lines.
 
 ``timing`` measures decode step time in this one engine, idle and steered rounds alternating:
 (t(8 + steps tokens) - t(8 tokens)) / steps for one batch.
@@ -63,6 +66,7 @@ def main(job_path: str, out_path: str) -> None:
     if not job.get("plugin", True):
         os.environ["VLLM_PLUGINS"] = "none"  # vLLM loads no general plugin: a plugin-free engine
     snapshot = _graph_counters() if job.get("graph_counts") else None
+    phase = _phases(job)
 
     from vllm import LLM, SamplingParams
 
@@ -84,6 +88,9 @@ def main(job_path: str, out_path: str) -> None:
 
     graphs = [snapshot()] if snapshot else []
     rounds = []
+    if job.get("rounds"):
+        n = len(job["rounds"])
+        phase(f"run {n} batch{'es' if n > 1 else ''} of {len(job['rounds'][0])} requests")
     for batch in job.get("rounds", []):
         rows = []
         for o in generate(batch):
@@ -93,6 +100,8 @@ def main(job_path: str, out_path: str) -> None:
         rounds.append(rows)
         if snapshot:
             graphs.append(snapshot())
+    if job.get("timing"):
+        phase(f"time decode steps: idle vs steered, batch {job['timing']['batch']}, {job['timing']['rounds']} rounds")
     timing = _timing(generate, job["timing"]) if job.get("timing") else None
     if snapshot and timing:
         graphs.append(snapshot())
@@ -109,6 +118,20 @@ def main(job_path: str, out_path: str) -> None:
         counters, armed = view.counters(), view.armed_layers()
     json.dump({"rounds": rounds, "hotwire": _hotwire_active(), "armed": armed, "counters": counters,
                "graph_counts": graphs, "timing": timing}, open(out_path, "w"))
+
+
+def _phases(job: dict):
+    """The phase reporter (a no-op unless the job asks for ``progress``); announces the start."""
+    if not job.get("progress"):
+        return lambda text: None
+    import torch
+
+    from .progress import engine_mode, mark, watch_engine
+
+    gpu = torch.cuda.is_available()
+    mark(f"start ({engine_mode(gpu, job.get('engine', {}).get('enforce_eager', False))})")
+    watch_engine(mark)
+    return mark
 
 
 def _timing(generate, t: dict) -> dict[str, list[float]]:

@@ -52,9 +52,19 @@ def available() -> bool:
     return True
 
 
+def target_dir(cache: Path | None = None) -> Path:
+    """Where :func:`checkpoint` keeps the converted checkpoint."""
+    return (cache or cache_root()) / "smollm2-135m-instruct"
+
+
+def is_built(cache: Path | None = None) -> bool:
+    """Whether :func:`checkpoint` has a complete conversion to reuse."""
+    return (target_dir(cache) / MARKER).is_file()
+
+
 def checkpoint(cache: Path | None = None) -> Path:
     """The converted checkpoint's directory, building it on first use (about 25 s on 2 cores)."""
-    target = (cache or cache_root()) / "smollm2-135m-instruct"
+    target = target_dir(cache)
     if (target / MARKER).is_file():
         return target
     source = gguf_path()

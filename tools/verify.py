@@ -6,7 +6,10 @@ vector toward one output token, at the last layer), then idle vs all-steered dec
 Checks that hotwire armed the model, that steering fires, that every batchmate is bit-identical
 to the plugin-free run, and that the armed engine captured its CUDA graphs once and compiled
 exactly what the plugin-free engine compiled. Prints a report block to paste into an issue
-(``--json`` writes the same fields).
+(``--json`` writes the same fields) on stdout; each phase (each engine's start, compile, capture,
+run and timing, then the comparison) is printed on stderr as it starts (:mod:`.progress`). The
+engines' files, their private vLLM compile cache included, live in a temporary directory removed
+at the end.
 
 Exit status: 0 all checks pass; 3 hotwire armed nothing (an architecture it cannot steer) and
 the engine served every request exactly like the plugin-free one; 1 anything else. (Not 2:
@@ -26,6 +29,8 @@ import tempfile
 from pathlib import Path
 
 import numpy as np
+
+from .progress import MARK, Progress
 
 NOT_ARMED = 3
 # Reduction configs chosen by rule, not by timing at first use: two plugin-free engines that time
@@ -61,16 +66,27 @@ def _direction(model_dir: Path, hidden: int, token: int) -> np.ndarray:
     return v / np.linalg.norm(v)
 
 
-def run_job(work: Path, name: str, job: dict, env: dict[str, str]) -> tuple[dict, list[str]]:
-    """One engine process: its JSON output and the plugin's own log lines (``hotwire: ...``)."""
-    (work / f"{name}.json").write_text(json.dumps(job))
-    proc = subprocess.run([sys.executable, "-m", "hotwire.tools.jobs", str(work / f"{name}.json"),
-                           str(work / f"{name}.out.json")], env=env, capture_output=True, text=True)
-    log = proc.stdout + proc.stderr
-    if proc.returncode != 0:
+def run_job(work: Path, name: str, job: dict, env: dict[str, str],
+            progress: Progress | None = None) -> tuple[dict, list[str]]:
+    """One engine process: its JSON output and the plugin's own log lines (``hotwire: ...``).
+    With ``progress``, the engine's phases are printed as they start."""
+    (work / f"{name}.json").write_text(json.dumps({**job, "progress": progress is not None}))
+    proc = subprocess.Popen([sys.executable, "-m", "hotwire.tools.jobs", str(work / f"{name}.json"),
+                             str(work / f"{name}.out.json")], env=env, stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT, text=True, errors="replace")
+    kept = []
+    for line in proc.stdout:
+        if line.startswith(MARK):
+            if progress is not None:
+                progress.phase(f"{name} engine: {line[len(MARK):].strip()}")
+        else:
+            kept.append(line)
+    returncode = proc.wait()
+    log = "".join(kept)
+    if returncode != 0:
         sys.stderr.write(log[-9000:])
         last = next((line for line in reversed(log.splitlines()) if line.strip()), "")
-        raise SystemExit(f"hotwire verify: the {name} engine failed (exit {proc.returncode}): {last.strip()}")
+        raise SystemExit(f"hotwire verify: the {name} engine failed (exit {returncode}): {last.strip()}")
     lines = [line[line.index("hotwire:"):] for line in log.splitlines() if "hotwire:" in line]
     return json.loads((work / f"{name}.out.json").read_text()), lines
 
@@ -120,6 +136,14 @@ def _graphs(armed: list[dict], free: list[dict], no_graphs: bool) -> dict:
 
 
 def run(args: argparse.Namespace) -> int:
+    progress = Progress("hotwire verify")
+    progress.phase(f"read {args.model}, make the test vector")
+    # The engines' files (job files, vectors, mailbox, a private vLLM compile cache) go with it.
+    with tempfile.TemporaryDirectory(prefix="hotwire-verify-", ignore_cleanup_errors=True) as work:
+        return _verify(args, Path(work), progress)
+
+
+def _verify(args: argparse.Namespace, work: Path, progress: Progress) -> int:
     import torch
     from transformers import AutoConfig
 
@@ -129,7 +153,6 @@ def run(args: argparse.Namespace) -> int:
     cfg = AutoConfig.from_pretrained(str(model_dir))
     text = cfg.get_text_config()
     n_layers, hidden, vocab = text.num_hidden_layers, text.hidden_size, text.vocab_size
-    work = Path(tempfile.mkdtemp(prefix="hotwire-verify-"))
     (work / "vectors").mkdir()
     token = 1000 % vocab
     (work / "vectors" / "verify.safetensors").write_bytes(
@@ -153,8 +176,9 @@ def run(args: argparse.Namespace) -> int:
            "VLLM_CACHE_ROOT": str(work / "vllm-cache"), "VLLM_ENABLE_V1_MULTIPROCESSING": "0"}
     job = {"model": str(model_dir), "engine": engine, "rounds": [batch], "graph_counts": True,
            "timing": {"batch": args.batch, "steps": args.timing_steps, "rounds": 3, "vocab": vocab, "spec": spec}}
-    free, _ = run_job(work, "plugin-free", {**job, "plugin": False}, env)
-    armed, log = run_job(work, "hotwire", {**job, "plugin": True}, env)
+    free, _ = run_job(work, "plugin-free", {**job, "plugin": False}, env, progress)
+    armed, log = run_job(work, "hotwire", {**job, "plugin": True}, env, progress)
+    progress.phase("compare the hotwire engine with the plugin-free one")
     got, want = armed["rounds"][0], free["rounds"][0]
     loaded = armed["hotwire"] and not free["hotwire"]
     is_armed = bool(armed["armed"])
@@ -186,7 +210,8 @@ def run(args: argparse.Namespace) -> int:
     }
     if args.json:
         args.json.write_text(json.dumps(report, indent=1))
-    print(_text(report, args.batch, cpu=not gpu))
+    print(_text(report, args.batch, cpu=not gpu), flush=True)
+    progress.phase(f"done: {report['status']}")
     return status
 
 
