@@ -9,11 +9,12 @@ thread that the test can pause. Tests decide which vectors running requests hold
 from __future__ import annotations
 
 import base64
+import contextlib
 import json
 import socket
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -170,6 +171,18 @@ class Rig:
         self.ranks: dict[int, EnginePump] = {}  # DP ranks > 0
         self.server: ServerThread | None = None
         self.http: httpx.Client | None = None
+
+    @classmethod
+    @contextlib.contextmanager
+    def running(cls, tmp_path: Path, **settings: Any) -> Iterator["Rig"]:
+        """A rig with its engine mailbox and control API started, stopped at exit."""
+        rig = cls(tmp_path, **settings)
+        try:
+            rig.start_engine()
+            rig.start_api()
+            yield rig
+        finally:
+            rig.stop()
 
     def start_engine(self, **kwargs: Any) -> EnginePump:
         self.engine = EnginePump(self.settings.mailbox, **kwargs)

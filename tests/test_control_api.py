@@ -23,11 +23,8 @@ H = FP.hidden
 
 @pytest.fixture
 def rig(tmp_path):
-    rig = Rig(tmp_path)
-    rig.start_engine()
-    rig.start_api()
-    yield rig
-    rig.stop()
+    with Rig.running(tmp_path) as rig:
+        yield rig
 
 
 def upload_file(rig: Rig, vector_id: str, blob: bytes, **fields) -> httpx.Response:

@@ -44,11 +44,8 @@ LEGAL_ID = "c" * 64
 
 @pytest.fixture
 def rig(tmp_path):
-    rig = Rig(tmp_path, max_upload_bytes=4 * 2**20)  # room for the 100,000-deep bodies
-    rig.start_engine()
-    rig.start_api()
-    yield rig
-    rig.stop()
+    with Rig.running(tmp_path, max_upload_bytes=4 * 2**20) as rig:  # room for the 100,000-deep bodies
+        yield rig
 
 
 def upload_file(http: httpx.Client, vector_id: str, blob: bytes, **fields: str) -> httpx.Response:

@@ -478,11 +478,8 @@ def test_startup_loads_a_brainscope_export_and_a_gguf_file(tmp_path, caplog):
 
 @pytest.fixture
 def rig(tmp_path):
-    rig = Rig(tmp_path / "rig")
-    rig.start_engine()
-    rig.start_api()
-    yield rig
-    rig.stop()
+    with Rig.running(tmp_path / "rig") as rig:
+        yield rig
 
 
 def cli(capsys, rig: Rig, *args: str) -> tuple[int, str, str]:

@@ -36,11 +36,8 @@ READ_TOKEN = "r3ad-only"
 
 @pytest.fixture
 def rig(tmp_path):
-    rig = Rig(tmp_path)
-    rig.start_engine()
-    rig.start_api()
-    yield rig
-    rig.stop()
+    with Rig.running(tmp_path) as rig:
+        yield rig
 
 
 def store(http: httpx.Client, name: str, entries, **fields) -> httpx.Response:
