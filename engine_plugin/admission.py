@@ -135,38 +135,35 @@ class Admission:
                 add(layer, slot, (*span, mode, a, lo, hi, g))
         return tuple(terms), tuple(sorted(slots))
 
-    def _reads_stream(self, layer: int, what: str) -> None:
-        if layer not in self.projecting:
-            raise SpecError("unarmed_projection", f"{what} needs the stream at layer {layer}, which is not "
-                            f"among HOTWIRE_PROJECTION_LAYERS ({sorted(self.projecting) or 'none'})")
 
     def _gate(self, gate: Gate, g: int, add, gates: dict[Gate, int], prompt_len: int) -> int:
         """Give ``gate`` index ``g`` (``-g`` for a prompt gate, in every entry it concerns) and put
         its probe entry on the probe layer: on every token, or on the prompt's last one."""
         if g > self.entries:
             raise SpecError("too_many_entries", f"more than {self.entries} distinct gates")
-        if gate.layer not in self.armed:
-            raise SpecError("unarmed_layer", f"gate probe layer {gate.layer} is not armed "
-                            f"(armed: {sorted(self.armed)})")
-        self._reads_stream(gate.layer, "a gate probe")
-        slot = self.registry.resolve(gate.probe, gate.layer)
-        if slot is None:
-            raise SpecError("unknown_id", f"no probe vector {gate.probe!r} for layer {gate.layer}")
+        slot = self._bound_slot(gate.probe, gate.layer, "a gate probe")
         mode, a, threshold, _ = probe_words(gate.threshold, float(self.registry.norm[slot]), gate.probe)
         word, window = (g, (0, NO_END)) if gate.scope == "token" else (-g, (prompt_len - 1, prompt_len))
         add(gate.layer, slot, (*window, mode, a, threshold, 0, word))
         gates[gate] = word
         return word
 
-    def _slot(self, e: SteerEntry, layer: int) -> int:
-        """The bank slot serving ``e`` at ``layer``, or SpecError (why it cannot run there)."""
+    def _bound_slot(self, vector_id: str, layer: int, projecting: str | None) -> int:
+        """The bank slot serving ``vector_id`` at ``layer``, or SpecError (why it cannot run there);
+        ``projecting`` names what needs the stream there (None: an add)."""
         if layer not in self.armed:
             raise SpecError("unarmed_layer", f"layer {layer} is not armed (armed: {sorted(self.armed)})")
-        if e.mode in PROJECTION_MODES:
-            self._reads_stream(layer, e.mode)
-        slot = self.registry.resolve(e.id, layer)
+        if projecting is not None and layer not in self.projecting:
+            raise SpecError("unarmed_projection", f"{projecting} needs the stream at layer {layer}, which is "
+                            f"not among HOTWIRE_PROJECTION_LAYERS ({sorted(self.projecting) or 'none'})")
+        slot = self.registry.resolve(vector_id, layer)
         if slot is None:
-            raise SpecError("unknown_id", f"no vector {e.id!r} for layer {layer}")
+            raise SpecError("unknown_id", f"no vector {vector_id!r} for layer {layer}")
+        return slot
+
+    def _slot(self, e: SteerEntry, layer: int) -> int:
+        """The bank slot serving entry ``e`` at ``layer``; an add is also bounded in size."""
+        slot = self._bound_slot(e.id, layer, e.mode if e.mode in PROJECTION_MODES else None)
         if e.mode == "add":
             size = abs(e.scale) * float(self.registry.absmax[slot])
             if size > self.limit:

@@ -59,11 +59,11 @@ class Steerer:
         tables = SteeringTables(slots=cfg.slots, hidden=hidden, armed=len(armed), requests=requests,
                                 entries=cfg.entries, max_tokens=max_tokens, dtype=dtype,
                                 device=torch.device(runner.device))
-        projecting = cfg.projecting_layers(n_layers) & frozenset(armed)
+        projecting = cfg.projecting_layers(n_layers)  # the engine core's too: the same admissions
         armed_model = arm(found, armed, tables, projecting)
         # Armed layers of every stage arrive with the engine core's first delta; until then, ours.
         admission = Admission(Registry(cfg.slots), armed=armed, entries=cfg.entries, requests=requests,
-                              limit=entry_limit(dtype), counters=None, projecting=cfg.projecting_layers(n_layers))
+                              limit=entry_limit(dtype), counters=None, projecting=projecting)
         log.info("hotwire: armed %d/%d decoder layers of %s %s; tables %.1f MiB on %s "
                  "(%d slots, %d request rows, %d entries/layer)",
                  len(armed), n_layers, type(model).__name__, armed, tables.nbytes / 2**20, runner.device,

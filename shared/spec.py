@@ -181,10 +181,6 @@ class SteerEntry(BaseModel):
             return (self.layer,)
         return tuple(sorted(armed)) if self.layers == "all" else self.layers  # type: ignore[return-value]
 
-    def scale_bits(self) -> int:
-        """The scale rounded to float32, as the int32 with the same bits (a route-table word)."""
-        return f32_bits(self.scale)
-
     def span(self, prompt_len: int) -> tuple[int, int]:
         """Absolute position interval ``[lo, hi)`` this entry steers for a prompt of that length."""
         where = self.where

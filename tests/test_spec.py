@@ -15,6 +15,7 @@ from hotwire.shared.spec import (
     SpecError,
     cache_salt,
     canonical_json,
+    f32_bits,
     parse_spec,
     valid_id,
 )
@@ -67,7 +68,7 @@ def test_malformed_specs_are_refused_with_a_reason(raw, fragment):
 @pytest.mark.parametrize("scale", [1.0, -0.5, 1 / 3, 3.4e38, -1e-42, 0.0])
 def test_scale_bits_are_the_float32_rounding(scale):
     (e,) = parse_spec({"id": "x", "layer": 0, "scale": scale})
-    assert e.scale_bits() == int(np.float32(scale).view(np.int32))
+    assert f32_bits(e.scale) == int(np.float32(scale).view(np.int32))
 
 
 def test_too_many_entries():
