@@ -7,7 +7,9 @@
 #                                           # determinism control
 #   bash benchmarks/h200.sh matrix OUTDIR   # verified-architectures matrix
 #   bash benchmarks/h200.sh perf   OUTDIR [SHAPE...]  # kernel time per decode step / prefill: plugin-free,
-#                                           # armed on all layers, armed on two (0.6B: + eager)
+#                                           # armed on all layers (graphs without the op for idle steps,
+#                                           # and without them: HOTWIRE_IDLE_GRAPHS=0), armed on two,
+#                                           # each mode (0.6B: + eager)
 #   bash benchmarks/h200.sh serve  OUTDIR [C...]  # host work per step; served tokens/s at C in flight
 #                                           # (default 64 256): plugin-free, all armed, two armed
 #   bash benchmarks/h200.sh pair   OUTDIR   # two GPUs: TP=2 and PP=2 servers with runtime registration
@@ -67,10 +69,10 @@ matrix() {
 }
 
 perf() {  # perf [SHAPE...]: one engine at a time (a neighbour's start-up disturbs kernel times);
-          # about 5 min per shape, so one or two shapes per call
+          # about 8 min per shape, so one shape per call
   local shape kinds
   for shape in "${@:-qwen3-0.6b}"; do
-    kinds="plugin_free hotwire hotwire_2"
+    kinds="plugin_free hotwire hotwire_op_graphs hotwire_2 hotwire_modes"
     [ "$shape" = qwen3-0.6b ] && kinds="$kinds eager"
     job "kt-$shape" python3 benchmarks/kernel_time.py --shape "$shape" --processes $kinds --repeats 1 \
       --steps 32 --parallel 1 --out "$out/kernel-time-$shape.json"

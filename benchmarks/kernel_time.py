@@ -10,8 +10,11 @@ How:
 * Each engine runs in its own process (this file re-run with ``--child``), so the plugin-free
   engine never shares a process with a patched one: ``plugin_free`` (``VLLM_PLUGINS=none``),
   ``hotwire`` (armed on every layer, 256 startup vectors), measuring ``idle`` (no request
-  steered) and ``steered`` (every request its own two vectors and scales, on layers n/3 and
-  2n/3) side by side in the same engine; ``hotwire_2``, the same armed on those two layers only
+  steered: the engine replays its graphs captured without the op) and ``steered`` (every request
+  its own two vectors and scales, on layers n/3 and 2n/3) side by side in the same engine;
+  ``hotwire_op_graphs``, the same with ``HOTWIRE_IDLE_GRAPHS=0`` (one graph per shape, the op in
+  it: what the graphs without the op gain; its capture time and memory are beside the
+  ``hotwire`` process's in ``idle_graphs``); ``hotwire_2``, the same armed on those two layers only
   (``HOTWIRE_LAYERS``: the op costs one launch per armed layer); ``hotwire_modes``, armed on those
   two layers with ``HOTWIRE_PROJECTION_LAYERS`` (the op reads the residual there), measuring idle,
   the same two entries as adds, and as each projecting mode (each mode / add is the interventions
@@ -73,13 +76,14 @@ PROMPT_LEN, N1, N_VECTORS = 32, 8, 256
 PROCESSES = {  # process kind: (plugin loaded, enforce_eager, conditions measured in it)
     "plugin_free": (False, False, ("plugin_free",)),
     "hotwire": (True, False, ("idle", "steered")),
+    "hotwire_op_graphs": (True, False, ("idle_g", "steered_g")),  # HOTWIRE_IDLE_GRAPHS=0
     "hotwire_2": (True, False, ("idle_2", "steered_2")),  # armed on the two steered layers only
     # the same two layers, reading the stream (HOTWIRE_PROJECTION_LAYERS): each mode steered
     "hotwire_modes": (True, False, ("idle_m", "add_m", "norm_m", "ablate_m", "clamp_m")),
     "eager": (True, True, ("eager",)),
 }
 # (base, compared) conditions of one engine: idle vs steered, and each mode vs add
-PAIRS = (("idle", "steered"), ("idle_2", "steered_2"), ("idle_m", "add_m"),
+PAIRS = (("idle", "steered"), ("idle_g", "steered_g"), ("idle_2", "steered_2"), ("idle_m", "add_m"),
          ("add_m", "norm_m"), ("add_m", "ablate_m"), ("add_m", "clamp_m"))
 MODES = {"norm_m": {"mode": "norm", "scale": 0.05}, "ablate_m": {"mode": "ablate", "scale": 1.0},
          "clamp_m": {"mode": "clamp", "lo": -0.5, "hi": 0.5}}  # each entry's mode, by condition
@@ -213,8 +217,10 @@ def _child(job_path: str, out: Path) -> None:
     info = {"device": "cpu" if smoke else torch.cuda.get_device_name(0), "vllm": vllm.__version__,
             "torch": torch.__version__, "cuda": torch.version.cuda, "cudagraph_mode": graphs,
             "runner": "v1" if os.environ.get("VLLM_USE_V2_MODEL_RUNNER") == "0" else "default"}
+    idle = sys.modules.get("hotwire.engine_plugin.idle_graphs")
+    idle_stats = None if idle is None else {**vars(idle.STATS), "wanted": idle.wanted}
     out.write_text(json.dumps({"info": info, "startup_s": round(startup_s, 1), "waited_s": round(waited_s, 1),
-                               "counters": counters, "rows": rows, "prefill": prefill}))
+                               "counters": counters, "idle_graphs": idle_stats, "rows": rows, "prefill": prefill}))
 
 
 # ---------------------------------------------------------------- parent: alternate, summarise
@@ -243,6 +249,8 @@ def _run_child(work: Path, tag: str, process: str, common: dict) -> dict:
         env["HOTWIRE_LAYERS"] = ",".join(map(str, steered_layers(common["layers"])))
     if process == "hotwire_modes":
         env["HOTWIRE_PROJECTION_LAYERS"] = "all"
+    if process == "hotwire_op_graphs":
+        env["HOTWIRE_IDLE_GRAPHS"] = "0"
     t = time.time()
     with open(log, "w") as f:
         cmd = [sys.executable, __file__, "--child", str(job), "--out", str(out)]
@@ -250,8 +258,11 @@ def _run_child(work: Path, tag: str, process: str, common: dict) -> dict:
     if rc != 0:
         raise SystemExit(f"{tag} failed (rc {rc}); log {log}:\n" + log.read_text()[-5000:])
     res = json.loads(out.read_text())
-    print(f"{tag}: {time.time() - t:.0f} s (start-up {res['startup_s']} s, waited for the GPU {res['waited_s']} s)",
-          flush=True)
+    ig = res.get("idle_graphs") or {}
+    extra = (f"; {ig['graphs']} graphs without the op: {ig['seconds']:.1f} s, {ig['bytes'] / 2**20:.0f} MiB "
+             f"(vLLM's own: {ig['first_seconds']:.1f} s, {ig['first_bytes'] / 2**20:.0f} MiB)") if ig.get("graphs") else ""
+    print(f"{tag}: {time.time() - t:.0f} s (start-up {res['startup_s']} s, waited for the GPU {res['waited_s']} s"
+          f"{extra})", flush=True)
     return res
 
 
@@ -469,7 +480,8 @@ def main() -> None:
                 continue
             for c in conds:  # samples in repeat order, so per-repeat ratios pair processes of one repeat
                 result["samples"][c] = [{"rows": d["rows"][c], "prefill": d["prefill"][c], "info": d["info"],
-                                         "startup_s": d["startup_s"], "counters": d["counters"]}
+                                         "startup_s": d["startup_s"], "counters": d["counters"],
+                                         "idle_graphs": d.get("idle_graphs")}
                                         for (r, p), d in sorted(done.items()) if c in d["rows"]]
             result.setdefault("info", done[futures[fut]]["info"])
             args.out.write_text(json.dumps(result, indent=1))  # partial results survive a time-out

@@ -18,6 +18,7 @@ from .catalog_store import CatalogStore
 from .engines import Engines
 
 UNSTEERED = "unsteered_"
+HOOKS = ("core", "schedule", "batch")  # hotwire's per-step hooks (engine_plugin.counters)
 
 
 class StateCollector(Collector):
@@ -62,6 +63,17 @@ class StateCollector(Collector):
         host = CounterMetricFamily("hotwire_engine_host_seconds",
                                    "Time hotwire's per-step work held the engine's step thread",
                                    labels=rank)
+        hooks = CounterMetricFamily("hotwire_engine_hook_host_seconds",
+                                    "hotwire_engine_host_seconds by per-step hook: core (the engine core's "
+                                    "schedule hook), schedule and batch (the rank's, where it shares the "
+                                    "core's process)", labels=[*rank, "hook"])
+        changed = CounterMetricFamily("hotwire_engine_changed_steps",
+                                      "Engine steps in which requests arrived or left", labels=rank)
+        changed_host = CounterMetricFamily("hotwire_engine_changed_host_seconds",
+                                           "The part of hotwire_engine_host_seconds spent in those steps",
+                                           labels=rank)
+        heartbeat_cpu = CounterMetricFamily("hotwire_engine_heartbeat_cpu_seconds",
+                                            "CPU time of the engine's hotwire heartbeat thread", labels=rank)
         gates = CounterMetricFamily("hotwire_engine_gate_opened_tokens",
                                     "Tokens for which a gated entry's gate opened", labels=rank)
         evicted = CounterMetricFamily("hotwire_evicted_vectors", "Vectors evicted to make room",
@@ -92,8 +104,13 @@ class StateCollector(Collector):
                     by_name[name].add_metric(label, value)
             steps.add_metric(label, counters["steps"])
             host.add_metric(label, counters["host_ns"] / 1e9)
+            for hook in HOOKS:
+                hooks.add_metric([*label, hook], counters[f"host_ns_{hook}"] / 1e9)
+            changed.add_metric(label, counters["steps_changed"])
+            changed_host.add_metric(label, counters["host_ns_changed"] / 1e9)
+            heartbeat_cpu.add_metric(label, counters["heartbeat_ns"] / 1e9)
         yield from (attached, resident, used, total, heartbeat, lag, steered, unsteered, applied,
-                    torn, steps, host, gates, evicted, adopted)
+                    torn, steps, host, hooks, changed, changed_host, heartbeat_cpu, gates, evicted, adopted)
 
 
 class Metrics:

@@ -17,6 +17,9 @@ class HotwireConfig:
     # armed layers whose op also reads the residual, so the projecting modes (norm, ablate, clamp)
     # and gate probes can run there; "" (default): none, "all", or a list as for ``layers``
     projection_layers: str = ""
+    # capture every CUDA graph a second time without the op, replayed on steps in which no
+    # request is steered (:mod:`.idle_graphs`); off: those steps keep one launch per armed layer
+    idle_graphs: bool = True
     entries: int = 4  # routing columns: entries one request may put on one layer
     vectors_dir: str | None = None  # startup vectors, loaded before the mailbox opens
     mailbox: str | None = DEFAULT_MAILBOX  # None disables the control-API mailbox
@@ -30,6 +33,7 @@ class HotwireConfig:
             slots=int(env.get("HOTWIRE_SLOTS", cls.slots)),
             layers=env.get("HOTWIRE_LAYERS", cls.layers),
             projection_layers=env.get("HOTWIRE_PROJECTION_LAYERS", cls.projection_layers),
+            idle_graphs=_flag(env.get("HOTWIRE_IDLE_GRAPHS", "1"), "HOTWIRE_IDLE_GRAPHS"),
             entries=int(env.get("HOTWIRE_ENTRIES", cls.entries)),
             vectors_dir=env.get("HOTWIRE_VECTORS") or None,
             mailbox=None if mailbox.lower() in ("", "off", "none") else mailbox,
@@ -54,6 +58,15 @@ class HotwireConfig:
             return grp.getgrnam(group).gr_gid
         except KeyError:
             raise ValueError(f"HOTWIRE_MAILBOX_GROUP={group}: no such group") from None
+
+
+def _flag(text: str, name: str) -> bool:
+    value = text.strip().lower()
+    if value in ("1", "true", "on", "yes"):
+        return True
+    if value in ("0", "false", "off", "no"):
+        return False
+    raise ValueError(f"{name}={text!r}: expected 1 or 0")
 
 
 def _layers(text: str, n_layers: int) -> list[int]:

@@ -162,8 +162,13 @@ class CoreSync:
                 with self._guard() as usable:
                     if usable:
                         self._publish_refs()  # and the counters: a request counted is seen counted
-        self.counters.steps += 1
-        self.counters.host_ns += time.perf_counter_ns() - t
+        ns, c = time.perf_counter_ns() - t, self.counters
+        c.steps += 1
+        c.host_ns += ns
+        c.host_ns_core += ns
+        if scheduler_output.finished_req_ids or scheduler_output.scheduled_new_reqs:
+            c.steps_changed += 1
+            c.host_ns_changed += ns
 
     # -- the mailbox --------------------------------------------------------------------------------
     def apply(self) -> None:
@@ -219,6 +224,7 @@ class CoreSync:
         while not self._stop.wait(HEARTBEAT_S) and self.broken is None:
             with self.lock:
                 self.apply()
+                self.counters.heartbeat_ns = time.thread_time_ns()
                 self.counters.publish_step_time()
                 with self._guard() as usable:
                     if usable:

@@ -1,5 +1,6 @@
 """What the engine counts: why requests ran unsteered (logged once per request), and the host
-time its per-step work takes; mirrored into the mailbox for the control API's metrics.
+time its per-step work takes, by hook and apart for steps in which requests arrived or left;
+mirrored into the mailbox for the control API's metrics.
 
 One set per process (:func:`process_counters`): where a rank shares the engine core's process
 (one GPU), its host time lands beside the core's and reaches the same mailbox."""
@@ -19,7 +20,13 @@ class Counters:
         self.counts: Counter[str] = Counter()
         self.mailbox: EngineMailbox | None = None
         self.steps = 0  # engine steps routed
-        self.host_ns = 0  # step-thread time in the per-step hooks
+        self.host_ns = 0  # step-thread time in the per-step hooks, all of them
+        self.host_ns_core = 0  # ... in the engine core's schedule hook (mailbox, step delta, admissions)
+        self.host_ns_schedule = 0  # ... in the rank's on_schedule (delta into the bank, admissions)
+        self.host_ns_batch = 0  # ... in the rank's on_batch (routing, graph choice)
+        self.steps_changed = 0  # steps in which requests arrived or left
+        self.host_ns_changed = 0  # host_ns spent in those steps
+        self.heartbeat_ns = 0  # CPU time of the heartbeat thread
 
     def add(self, name: str, n: int = 1) -> None:
         self.counts[name] += n
@@ -31,13 +38,15 @@ class Counters:
         log.warning("hotwire: request %s runs unsteered (%s): %s", req_id, reason, detail)
 
     def publish_step_time(self) -> None:
-        """Copy ``steps``/``host_ns`` to the mailbox: from the heartbeat, off the step thread,
-        which only adds to two ints."""
+        """Copy the step and host-time counts to the mailbox: from the heartbeat, off the step
+        thread, which only adds to ints."""
         if self.mailbox is not None:
-            self.mailbox.set_counter("steps", self.steps)
-            self.mailbox.set_counter("host_ns", self.host_ns)
+            for name in STEP_TIME:
+                self.mailbox.set_counter(name, getattr(self, name))
 
 
+STEP_TIME = ("steps", "host_ns", "host_ns_core", "host_ns_schedule", "host_ns_batch", "steps_changed",
+             "host_ns_changed", "heartbeat_ns")
 _PROCESS: Counters | None = None
 
 

@@ -9,8 +9,10 @@ vLLM calls (through :mod:`.hooks`):
 A rank never reads the mailbox: every change arrives with the step it belongs to, so all ranks
 of a TP/PP engine change at the same step (invariant 9), and bank rows are written only on the
 runner's thread, never during CUDA-graph capture. Both hooks add their time to the process's
-``host_ns`` counter (``hotwire_engine_host_seconds`` in the control API's metrics when the rank
-shares the engine core's process, the one-GPU layout).
+``host_ns`` counter and their own (``hotwire_engine_host_seconds`` and
+``hotwire_engine_hook_host_seconds`` in the control API's metrics when the rank shares the engine
+core's process, the one-GPU layout), and to ``host_ns_changed`` in steps in which requests arrived
+or left.
 """
 
 from __future__ import annotations
@@ -25,6 +27,7 @@ import torch
 from .admission import Admission, entry_limit, request_args
 from .config import HotwireConfig
 from .counters import Counters, process_counters
+from . import idle_graphs
 from .gate_report import GateReport
 from .registry import Registry
 from .routing import Router
@@ -37,6 +40,7 @@ class Steerer:
     def __init__(self, router: Router, tables: SteeringTables, counters: Counters):
         self.router, self.tables, self.counters = router, tables, counters
         self._heard_core = False
+        self._changed = False  # requests arrived or left at this step
 
     # -- construction ---------------------------------------------------------------------------
     @classmethod
@@ -68,9 +72,12 @@ class Steerer:
                  "(%d slots, %d request rows, %d entries/layer)",
                  len(armed), n_layers, type(model).__name__, armed, tables.nbytes / 2**20, runner.device,
                  cfg.slots, requests, cfg.entries)
+        idle_graphs.want(cfg.idle_graphs)
         if len(armed) > 4:
-            log.info("hotwire: each armed layer adds one kernel launch per decode step (about 1.6 us on an "
-                     "H200); set HOTWIRE_LAYERS to the layers you steer to pay only for those")
+            idle = ("steps in which a request is steered" if cfg.idle_graphs else
+                    "decode step (HOTWIRE_IDLE_GRAPHS=0: idle steps too)")
+            log.info("hotwire: each armed layer adds one kernel launch per %s (about 1.6 us on an H200); "
+                     "set HOTWIRE_LAYERS to the layers you steer to pay only for those", idle)
         counters = process_counters()
         return cls(Router(armed_model, admission, GateReport(tables.gate_counts, counters)), tables, counters)
 
@@ -93,13 +100,31 @@ class Steerer:
         new, finished = scheduler_output.scheduled_new_reqs, scheduler_output.finished_req_ids
         if self.router.report is not None:
             self.router.report.poll()
-        if new or finished:
+        self._changed = bool(new or finished)
+        if self._changed:
             self.router.finish(finished)
             for req in new:
                 self.router.admit(*request_args(req))
-        self.counters.host_ns += time.perf_counter_ns() - t
+        ns, c = time.perf_counter_ns() - t, self.counters
+        c.host_ns += ns
+        c.host_ns_schedule += ns
+        if self._changed:
+            c.host_ns_changed += ns
 
     def on_batch(self, req_ids: list[str], num_tokens: np.ndarray) -> None:
         t = time.perf_counter_ns()
         self.router.route(req_ids, num_tokens)
-        self.counters.host_ns += time.perf_counter_ns() - t
+        idle_graphs.select(not self.router.steering)
+        ns, c = time.perf_counter_ns() - t, self.counters
+        c.host_ns += ns
+        c.host_ns_batch += ns
+        if self._changed:
+            c.host_ns_changed += ns
+
+    def report_capture(self) -> None:
+        """After vLLM's graph capture: what the graphs without the op cost (once per capture)."""
+        s = idle_graphs.STATS
+        if s.graphs:
+            log.info("hotwire: captured %d graphs without the op for idle steps in %.1f s, %.2f GiB "
+                     "(vLLM's own: %.1f s, %.2f GiB)", s.graphs, s.seconds, s.bytes / 2**30, s.first_seconds,
+                     s.first_bytes / 2**30)

@@ -13,6 +13,7 @@ import contextlib
 import functools
 import importlib.abc
 import importlib.util
+import inspect
 import logging
 import sys
 from collections.abc import Callable
@@ -21,7 +22,7 @@ from typing import Any
 
 import numpy as np
 
-from . import salts
+from . import idle_graphs, salts
 from .core_sync import CoreSync
 from .engine import Steerer
 
@@ -92,6 +93,71 @@ def _before_core_step(core: Any, args: tuple, kwargs: dict) -> None:
     core.scheduler.schedule = scheduled
 
 
+def _graph_wrappers() -> list[Any]:
+    """Every live ``CUDAGraphWrapper`` (vLLM keeps a weak set of them)."""
+    module = sys.modules.get("vllm.compilation.cuda_graph")
+    instances = getattr(getattr(module, "CUDAGraphWrapper", None), "_all_instances", None)
+    return [] if instances is None else list(instances)
+
+
+def _doubled(fn: Callable, *, holders: Callable[[Any], list[Any]], safe: Callable[[Any], bool],
+             again: Callable[[inspect.BoundArguments], None] = lambda bound: None) -> Callable:
+    """``fn``, one capture pass of vLLM's, run a second time without the op (:mod:`.idle_graphs`);
+    ``again`` may change the second call's arguments."""
+    sig = inspect.signature(fn)
+
+    @functools.wraps(fn)
+    def wrapper(self, *args, **kwargs):
+        if not idle_graphs.wanted or not safe(self):
+            return fn(self, *args, **kwargs)
+        bound = sig.bind(self, *args, **kwargs)
+        again(bound)
+        return idle_graphs.capture_twice(lambda: fn(self, *args, **kwargs),
+                                         lambda: fn(*bound.args, **bound.kwargs), lambda: holders(self))
+
+    wrapper.__hotwire__ = True
+    return wrapper
+
+
+def _no_warmups(bound: inspect.BoundArguments) -> None:
+    """The idle pass of a V1 capture skips the warm-up runs: the first pass made them."""
+    if "num_warmups" in bound.signature.parameters:
+        bound.arguments["num_warmups"] = 0
+
+
+def _runner_doubling_safe(runner: Any) -> bool:
+    why = idle_graphs.doubling_unsafe(runner)
+    if why is not None and not runner.__dict__.get("_hotwire_said_unsafe"):
+        runner._hotwire_said_unsafe = True
+        log.info("hotwire: no graphs without the op for this engine (%s): idle steps keep one launch per "
+                 "armed layer", why)
+    return why is None
+
+
+def _patch_v1_capture(cls: type) -> None:
+    """V1 runner: each graph descriptor's capture, doubled; the totals logged after the capture."""
+    fn = cls.__dict__.get("_warmup_and_capture")
+    if fn is not None and not getattr(fn, "__hotwire__", False):
+        cls._warmup_and_capture = _doubled(fn, holders=lambda runner: _graph_wrappers(),
+                                           safe=_runner_doubling_safe, again=_no_warmups)
+    _wrap(cls, "capture_model", after=_after_capture)
+
+
+def _patch_v2_capture(module: ModuleType) -> None:
+    """V2 runner: its graph manager's whole capture (FULL and PIECEWISE), doubled."""
+    cls = getattr(module, "ModelCudaGraphManager", None)
+    fn = None if cls is None else cls.__dict__.get("capture")
+    if fn is not None and not getattr(fn, "__hotwire__", False):
+        cls.capture = _doubled(fn, holders=lambda manager: [*_graph_wrappers(), manager],
+                               safe=lambda manager: not getattr(manager, "use_breakable_cg", False))
+
+
+def _after_capture(runner: Any, result: Any, args: tuple, kwargs: dict) -> None:
+    st = _steerer(runner)
+    if st is not None:
+        st.report_capture()
+
+
 def _patch_core(module: ModuleType) -> None:
     cls = module.EngineCore
     ok = _wrap(cls, "_initialize_kv_caches", after=_after_core_kv_init)
@@ -147,11 +213,20 @@ def _patch_cpu(module: ModuleType) -> None:
     _wrap(module.CPUModelRunner, "load_model", after=_after_load)
 
 
+def _patch_v1(module: ModuleType) -> None:
+    _patch_runner(module.GPUModelRunner, "_prepare_inputs", _after_v1_prepare)
+    _patch_v1_capture(module.GPUModelRunner)
+
+
+def _patch_v2(module: ModuleType) -> None:
+    _patch_runner(module.GPUModelRunner, "prepare_inputs", _after_v2_prepare)
+    _wrap(module.GPUModelRunner, "capture_model", after=_after_capture)
+
+
 TARGETS: dict[str, Callable[[ModuleType], None]] = {
-    "vllm.v1.worker.gpu_model_runner":
-        lambda m: _patch_runner(m.GPUModelRunner, "_prepare_inputs", _after_v1_prepare),
-    "vllm.v1.worker.gpu.model_runner":
-        lambda m: _patch_runner(m.GPUModelRunner, "prepare_inputs", _after_v2_prepare),
+    "vllm.v1.worker.gpu_model_runner": _patch_v1,
+    "vllm.v1.worker.gpu.model_runner": _patch_v2,
+    "vllm.v1.worker.gpu.cudagraph_utils": _patch_v2_capture,
     "vllm.v1.worker.cpu_model_runner": _patch_cpu,
     "vllm.v1.engine.core": _patch_core,
     "vllm.v1.request": salts.patch_request,

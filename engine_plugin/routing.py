@@ -43,6 +43,11 @@ class Router:
     def active(self) -> dict:
         return self.admission.active
 
+    @property
+    def steering(self) -> bool:
+        """Does the last routed step send any token to a request row (else nothing is steered)?"""
+        return len(self._tok) > 0
+
     # -- arrival / finish -------------------------------------------------------------------
     def admit(self, req_id: str, extra_args: dict[str, Any] | None, prompt_len: int) -> None:
         self.finish((req_id,))

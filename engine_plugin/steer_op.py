@@ -1,4 +1,5 @@
-"""``hotwire::steer``, the steering add, as one opaque custom op: Triton on CUDA, torch elsewhere.
+"""``hotwire::steer_``, the steering add, as one opaque in-place custom op: Triton on CUDA, torch
+elsewhere.
 
 Why opaque. Traced as plain tensor code, the add was fused by inductor into the next layer's
 RMSNorm kernel, and on the GPU the heavier kernel made inductor pick another reduction
@@ -6,26 +7,32 @@ strategy (looped instead of persistent): the norm's summation order changed, and
 rounding of unsteered tokens. As a custom op the add is a kernel of its own, one launch per
 armed layer, and the kernels around it are generated exactly as without the plugin, provided
 its input is a tensor the plugin-free graph stores too (hence the layer's output, not the
-residual: :func:`.steering._steered_class`). An unsteered token passes through bit for bit
-(invariant 1); ``benchmarks/kernel_diff.py`` compares the generated kernels.
+residual: :func:`.steering._steered_class`). ``benchmarks/kernel_diff.py`` compares the generated
+kernels.
 
-Contract, for ``x [T, H]`` (the layer's output: one addend of the residual stream), ``residual
-[T, H]`` (the other addend, read only; None where the layer returns the stream itself),
-``positions [T]`` and the layer's per-token entries ``route [N>=T, K, 8]`` int32 (any token
-stride; an entry's words contiguous, laid out as in :mod:`.interventions`)::
+Why in place. The op changes only the rows of steered tokens, so it writes only those: an
+unsteered token costs its routing words and nothing else (no copy of the layer's output), and the
+op can launch nothing at all while no request is steered (:mod:`.idle_graphs`: such steps replay
+graphs captured without it). Inductor re-inplaces the functionalized op onto the layer's output
+buffer, which nothing else reads, so no copy appears in the compiled graph.
 
-    h      = x[t] + residual[t]                                      (float32)
-    out[t] = x[t] + sum_k  where(lo <= positions[t] < hi,  c_k(h) * bank[row],  -0.0)
+Contract, for ``x [T, H]`` (the layer's output: one addend of the residual stream; changed in
+place), ``residual [T, H]`` (the other addend, read only; None where the layer returns the stream
+itself), ``positions [T]`` and the layer's per-token entries ``route [N>=T, K, 8]`` int32 (any
+token stride; an entry's words contiguous, laid out as in :mod:`.interventions`)::
+
+    h    = x[t] + residual[t]                                        (float32)
+    x[t] = x[t] + sum_k  where(lo <= positions[t] < hi,  c_k(h) * bank[row],  -0.0)
 
 with ``c_k`` the entry's mode coefficient (:func:`.interventions.coefficient`: ``a`` for an add,
 from ``h·bank[row]`` and ``‖h‖`` otherwise); a gated entry counts as off unless its gate is open
-(recorded by a probe entry, on this layer or an earlier one: :class:`GateScratch`), in float32 (each term clamped to float32's finite
-range, so no sum is ever NaN), saturated to the finite range of ``x.dtype`` and rounded once to it.
-A token with no entry on keeps every bit (here ``-0.0`` is the exact identity of float addition;
-the Triton kernel stores such a token as loaded, and reads neither its residual nor a bank row).
-A steered token never becomes non-finite (invariant 8): admission bounds each entry's size
-(:func:`.admission.entry_limit`), and the saturation is the backstop for a sum that still overflows.
-``out`` is a new contiguous tensor (custom ops may not alias their inputs).
+(recorded by a probe entry, on this layer or an earlier one: :class:`GateScratch`), in float32
+(each term clamped to float32's finite range, so no sum is ever NaN), saturated to the finite
+range of ``x.dtype`` and rounded once to it. A token with no entry on is not written: it keeps
+every bit (invariant 1), and the kernel reads neither its residual nor a bank row. A steered
+token never becomes non-finite (invariant 8): admission bounds each entry's size
+(:func:`.admission.entry_limit`), and the saturation is the backstop for a sum that still
+overflows. While :func:`.idle_graphs.skipping` the op does nothing.
 
 The op takes the layer's own entries, not the whole tables and a layer index: an index would be
 a constant of the traced graph, making every armed layer's piece of it unique (inductor compiled
@@ -38,6 +45,7 @@ from typing import NamedTuple
 
 import torch
 
+from . import idle_graphs
 from .interventions import (ADD, CLAMP_HI, CLAMP_LO, COEF, GATE, MODE, POS_HI, POS_LO, PROBE, ROW, THRESHOLD,
                             coefficient)
 
@@ -65,9 +73,9 @@ def attach_scratch(bank: torch.Tensor, scratch: GateScratch) -> None:
 
 
 def reference(x: torch.Tensor, residual: torch.Tensor | None, positions: torch.Tensor,
-              bank: torch.Tensor, route: torch.Tensor, scratch: GateScratch | None = None) -> torch.Tensor:
-    """The contract in torch: the CPU kernel, and what the Triton kernel is tested against.
-    Without ``scratch`` no gate opens and probes record nothing."""
+              bank: torch.Tensor, route: torch.Tensor, scratch: GateScratch | None = None) -> None:
+    """The contract in torch, in place on ``x``: the CPU kernel, and what the Triton kernel is
+    tested against. Without ``scratch`` no gate opens and probes record nothing."""
     # x, residual: [T, H]; positions: [T]; bank: [S+1, H]; route: [N>=T, K, 8] int32
     n = x.shape[0]
     rt = route[:n]                                               # [T, K, 8]
@@ -75,7 +83,7 @@ def reference(x: torch.Tensor, residual: torch.Tensor | None, positions: torch.T
     pos = positions[:n, None]                                    # [T, 1]
     on = (pos >= rt[..., POS_LO]) & (pos < rt[..., POS_HI])      # [T, K] inside the entry's window
     if not on.any():  # nothing to do on this step: the common case, kept cheap on the CPU
-        return x.clone(memory_format=torch.contiguous_format)
+        return
     mode, gate = rt[..., MODE], rt[..., GATE]                    # [T, K] gate < 0: a prompt gate
     acc = x.to(torch.float32, copy=True)                         # [T, H]
     project = bool((on & (mode != ADD)).any())                   # any entry needs h·v or ‖h‖
@@ -106,23 +114,26 @@ def reference(x: torch.Tensor, residual: torch.Tensor | None, positions: torch.T
         term = (v * c[:, None]).clamp(-big, big)                 # [T, H] finite: no inf - inf
         acc = acc + torch.where(applies[:, k, None], term, -0.0)
     top = torch.finfo(x.dtype).max
-    acc = torch.where(applies.any(1, keepdim=True), acc.clamp(-top, top), acc)  # steered tokens only
-    return acc.to(x.dtype).contiguous()
+    steered = applies.any(1)                                     # [T]
+    x[steered] = acc[steered].clamp(-top, top).to(x.dtype)      # steered tokens only
 
 
-@torch.library.custom_op("hotwire::steer", mutates_args=())
-def steer(x: torch.Tensor, residual: torch.Tensor | None, positions: torch.Tensor, bank: torch.Tensor,
-          route: torch.Tensor) -> torch.Tensor:
-    return reference(x, residual, positions, bank, route, _SCRATCH.get(bank.data_ptr()))
+@torch.library.custom_op("hotwire::steer_", mutates_args=("x",))
+def steer_(x: torch.Tensor, residual: torch.Tensor | None, positions: torch.Tensor, bank: torch.Tensor,
+           route: torch.Tensor) -> None:
+    if not idle_graphs.skipping():
+        reference(x, residual, positions, bank, route, _SCRATCH.get(bank.data_ptr()))
 
 
-@steer.register_fake
+@steer_.register_fake
 def _(x, residual, positions, bank, route):
-    return x.new_empty(x.shape)
+    return None
 
 
-@steer.register_kernel("cuda")
+@steer_.register_kernel("cuda")
 def _(x, residual, positions, bank, route):
+    if idle_graphs.skipping():
+        return
     from .steer_triton import launch  # Triton is only needed (and present) where CUDA is
 
-    return launch(x, residual, positions, bank, route, _SCRATCH.get(bank.data_ptr()))
+    launch(x, residual, positions, bank, route, _SCRATCH.get(bank.data_ptr()))

@@ -1,17 +1,17 @@
-"""The Triton kernel behind ``hotwire::steer`` on CUDA (contract: :mod:`.steer_op`).
+"""The Triton kernel behind ``hotwire::steer_`` on CUDA (contract: :mod:`.steer_op`).
 
-One program per (token, block of the hidden dim). The routing entries a program reads sit at
-the token's own index, so bank rows are the only dependent loads, skipped (masked) for entries
-that are off: an unsteered token reads x and its routing entries, and stores x as loaded (a
-select, not an add of zero, which compilers may fold away from ``-0.0``). A token with an entry
-that projects (``norm``/``ablate``/``clamp``, :mod:`.interventions`) first reduces ``h·v`` and
-``‖h‖²`` over the whole hidden dim (each program of the token does, so no program waits for
-another), reading its residual; add-only and unsteered tokens skip that pass. Gate probes are
-projecting entries too: the token's first program records whether each opened (``gates``, the
-per-request ``counts``, and for a prompt gate ``decided``), and every program of the token reads a
-gate recorded on this layer from its own probe, one from an earlier layer from the scratch. A
-steered token's terms are clamped to float32's finite range and its sum saturated to the output
-dtype's ``[-TOP, TOP]`` before it is rounded.
+One program per token, in place. It reads the token's routing entries (at the token's own index,
+so bank rows are the only dependent loads); a token with no entry on stops there: it is neither
+read nor written. A steered token's program walks the hidden dim in blocks: first, if an entry
+projects (``norm``/``ablate``/``clamp``, :mod:`.interventions`) or probes a gate, it reduces
+``h·v`` and ``‖h‖²`` over the whole row (reading its residual; add-only tokens skip this pass),
+then adds its terms block by block and stores the row back. One program owning the whole row
+is what makes the update safe in place: no program can overwrite a block another still has to
+read for its reduction. Gate probes record whether each gate opened (``gates``, the per-request
+``counts``, and for a prompt gate ``decided``); a gated entry reads a gate recorded on this layer
+from its own probe's registers, one from an earlier layer from the scratch. A steered token's
+terms are clamped to float32's finite range and its sum saturated to the output dtype's
+``[-TOP, TOP]`` before it is rounded.
 """
 
 from __future__ import annotations
@@ -30,106 +30,107 @@ NORM, ABLATE, CLAMP, PROBE = (tl.constexpr(m) for m in (iv.NORM, iv.ABLATE, iv.C
 
 
 @triton.jit
-def _steer(x_ptr, res_ptr, out_ptr, pos_ptr, bank_ptr, route_ptr, route_stride, gates_ptr, tok_row_ptr, counts_ptr,
+def _steer(x_ptr, res_ptr, pos_ptr, bank_ptr, route_ptr, route_stride, gates_ptr, tok_row_ptr, counts_ptr,
            decided_ptr,
            H: tl.constexpr, K: tl.constexpr, KP: tl.constexpr, G: tl.constexpr, BLOCK: tl.constexpr,
            HAS_RES: tl.constexpr, HAS_GATES: tl.constexpr, TOP: tl.constexpr, BIG: tl.constexpr):
     t = tl.program_id(0).to(tl.int64)
-    cols = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)       # [BLOCK]
-    x = tl.load(x_ptr + t * H + cols, mask=cols < H)
-    acc = x.to(tl.float32)
     p = tl.load(pos_ptr + t)
     ks = tl.arange(0, KP)                                       # [KP] entries (K, padded)
     entry = route_ptr + t * route_stride + WORDS * ks           # route[t, k, :]
     live = ks < K
     rows = tl.load(entry + ROW, mask=live, other=0).to(tl.int64)
     on = live & (p >= tl.load(entry + POS_LO, mask=live, other=0)) & (p < tl.load(entry + POS_HI, mask=live, other=0))
-    mode = tl.load(entry + MODE, mask=live, other=0)
-    gate = tl.load(entry + GATE, mask=live, other=0)            # [KP] 0: ungated, < 0: a prompt gate
-    g = tl.abs(gate) - 1                                        # [KP] the gate's column
-    coef = tl.load(entry + COEF, mask=live, other=0).to(tl.float32, bitcast=True)  # [KP] a
-    applies = on & (mode != PROBE)
-    projecting = on & (mode != 0)
-    probing = on & (mode == PROBE)
-    passed = probing & (ks < 0)                                 # [KP] the gates this layer records: none yet
-    if tl.sum(projecting.to(tl.int32), axis=0) > 0:
-        dot = tl.zeros([KP], dtype=tl.float32)                  # h·v per entry
-        sq = tl.zeros([BLOCK], dtype=tl.float32)                # ‖h‖², by column
-        for start in tl.static_range(0, H, BLOCK):
-            c = start + tl.arange(0, BLOCK)
-            h = tl.load(x_ptr + t * H + c, mask=c < H, other=0.0).to(tl.float32)
-            if HAS_RES:
-                h += tl.load(res_ptr + t * H + c, mask=c < H, other=0.0).to(tl.float32)
-            v = tl.load(bank_ptr + rows[:, None] * H + c[None, :],
-                        mask=projecting[:, None] & (c < H)[None, :], other=0.0).to(tl.float32)  # [KP, BLOCK]
-            dot += tl.sum(v * h[None, :], axis=1)
-            sq += h * h
-        hnorm = tl.sqrt(tl.sum(sq, axis=0))
-        lo = tl.load(entry + CLAMP_LO, mask=live, other=0).to(tl.float32, bitcast=True)  # a probe's threshold
-        hi = tl.load(entry + CLAMP_HI, mask=live, other=0).to(tl.float32, bitcast=True)
-        proj = coef * dot
-        if HAS_GATES:
-            passed = probing & (proj > lo)
-            if tl.program_id(1) == 0:                           # one program per token writes them
+    if tl.sum(on.to(tl.int32), axis=0) > 0:                     # else: an unsteered token, untouched
+        mode = tl.load(entry + MODE, mask=live, other=0)
+        gate = tl.load(entry + GATE, mask=live, other=0)        # [KP] 0: ungated, < 0: a prompt gate
+        g = tl.abs(gate) - 1                                    # [KP] the gate's column
+        coef = tl.load(entry + COEF, mask=live, other=0).to(tl.float32, bitcast=True)  # [KP] a
+        applies = on & (mode != PROBE)
+        projecting = on & (mode != 0)
+        probing = on & (mode == PROBE)
+        passed = probing & (ks < 0)                             # [KP] the gates this layer records: none yet
+        if tl.sum(projecting.to(tl.int32), axis=0) > 0:
+            dot = tl.zeros([KP], dtype=tl.float32)              # h·v per entry
+            sq = tl.zeros([BLOCK], dtype=tl.float32)            # ‖h‖², by column
+            for start in tl.static_range(0, H, BLOCK):
+                c = start + tl.arange(0, BLOCK)
+                h = tl.load(x_ptr + t * H + c, mask=c < H, other=0.0).to(tl.float32)
+                if HAS_RES:
+                    h += tl.load(res_ptr + t * H + c, mask=c < H, other=0.0).to(tl.float32)
+                v = tl.load(bank_ptr + rows[:, None] * H + c[None, :],
+                            mask=projecting[:, None] & (c < H)[None, :], other=0.0).to(tl.float32)  # [KP, BLOCK]
+                dot += tl.sum(v * h[None, :], axis=1)
+                sq += h * h
+            hnorm = tl.sqrt(tl.sum(sq, axis=0))
+            lo = tl.load(entry + CLAMP_LO, mask=live, other=0).to(tl.float32, bitcast=True)  # a probe's threshold
+            hi = tl.load(entry + CLAMP_HI, mask=live, other=0).to(tl.float32, bitcast=True)
+            proj = coef * dot
+            if HAS_GATES:
+                passed = probing & (proj > lo)
                 tl.store(gates_ptr + t * G + g, passed.to(tl.int32), mask=probing)
                 req = tl.load(tok_row_ptr + t).to(tl.int64)
                 tl.atomic_add(counts_ptr + req * G + g, passed.to(tl.int32), mask=probing)
                 tl.store(decided_ptr + req * G + g, passed.to(tl.int32), mask=probing & (gate < 0))
-        coef = tl.where(mode == NORM, coef * hnorm,
-               tl.where(mode == ABLATE, -coef * dot,
-               tl.where(mode == CLAMP, (tl.minimum(tl.maximum(proj, lo), hi) - proj) * coef, coef)))
-        coef = tl.where(coef == coef, coef, 0.0)                # NaN (an overflowed h·v): no change
-        coef = tl.minimum(tl.maximum(coef, -BIG), BIG)
-    if HAS_GATES:
-        # a gate recorded on this layer is read from this program's own probe (the store above may
-        # be another program's), one from an earlier layer from the scratch
-        gated = applies & (gate != 0)
-        if tl.sum(gated.to(tl.int32), axis=0) > 0:
-            req = tl.load(tok_row_ptr + t).to(tl.int64)
-            per_token = tl.load(gates_ptr + t * G + g, mask=gated & (gate > 0), other=0)
-            per_request = tl.load(decided_ptr + req * G + g, mask=gated & (gate < 0), other=0)
-            opened = tl.where(gate < 0, per_request, per_token) != 0
-            here = (gate[:, None] == gate[None, :]) & probing[None, :]           # [KP, KP]
-            mine = tl.sum(here.to(tl.int32), axis=1) > 0
-            mine_open = tl.sum((here & passed[None, :]).to(tl.int32), axis=1) > 0
-            opened = tl.where(mine, mine_open, opened)
-            applies = applies & ((gate == 0) | opened)
-    else:
-        applies = applies & (gate == 0)
-    hits = tl.sum(applies.to(tl.int32), axis=0)
-    for k in tl.static_range(K):
-        pick = ks == k
-        on_k = tl.sum((applies & pick).to(tl.int32), axis=0) > 0
-        row = tl.sum(tl.where(pick, rows, 0), axis=0)
-        c_k = tl.sum(tl.where(pick, coef, 0.0), axis=0)
-        width = tl.where(on_k, H, 0)                            # off: the row is not read, v = 0
-        v = tl.load(bank_ptr + row * H + cols, mask=cols < width, other=0.0).to(tl.float32)
-        acc += tl.minimum(tl.maximum(v * c_k, -BIG), BIG)       # finite terms: never inf - inf
-    acc = tl.minimum(tl.maximum(acc, -TOP), TOP)
-    # a token with no entry on is stored as loaded: every bit, signed zeros included
-    out = tl.where(hits > 0, acc.to(out_ptr.dtype.element_ty), x)
-    tl.store(out_ptr + t * H + cols, out, mask=cols < H)
+            coef = tl.where(mode == NORM, coef * hnorm,
+                   tl.where(mode == ABLATE, -coef * dot,
+                   tl.where(mode == CLAMP, (tl.minimum(tl.maximum(proj, lo), hi) - proj) * coef, coef)))
+            coef = tl.where(coef == coef, coef, 0.0)            # NaN (an overflowed h·v): no change
+            coef = tl.minimum(tl.maximum(coef, -BIG), BIG)
+        if HAS_GATES:
+            # a gate recorded on this layer is read from this token's own probe (in registers), one
+            # from an earlier layer from the scratch
+            gated = applies & (gate != 0)
+            if tl.sum(gated.to(tl.int32), axis=0) > 0:
+                req = tl.load(tok_row_ptr + t).to(tl.int64)
+                per_token = tl.load(gates_ptr + t * G + g, mask=gated & (gate > 0), other=0)
+                per_request = tl.load(decided_ptr + req * G + g, mask=gated & (gate < 0), other=0)
+                opened = tl.where(gate < 0, per_request, per_token) != 0
+                here = (gate[:, None] == gate[None, :]) & probing[None, :]       # [KP, KP]
+                mine = tl.sum(here.to(tl.int32), axis=1) > 0
+                mine_open = tl.sum((here & passed[None, :]).to(tl.int32), axis=1) > 0
+                opened = tl.where(mine, mine_open, opened)
+                applies = applies & ((gate == 0) | opened)
+        else:
+            applies = applies & (gate == 0)
+        if tl.sum(applies.to(tl.int32), axis=0) > 0:            # else: only probes, or closed gates
+            for start in tl.static_range(0, H, BLOCK):
+                cols = start + tl.arange(0, BLOCK)              # [BLOCK]
+                acc = tl.load(x_ptr + t * H + cols, mask=cols < H).to(tl.float32)
+                for k in tl.static_range(K):
+                    pick = ks == k
+                    on_k = tl.sum((applies & pick).to(tl.int32), axis=0) > 0
+                    row = tl.sum(tl.where(pick, rows, 0), axis=0)
+                    c_k = tl.sum(tl.where(pick, coef, 0.0), axis=0)
+                    width = tl.where(on_k, H, 0)                # off: the row is not read, v = 0
+                    v = tl.load(bank_ptr + row * H + cols, mask=cols < width, other=0.0).to(tl.float32)
+                    acc += tl.minimum(tl.maximum(v * c_k, -BIG), BIG)  # finite terms: never inf - inf
+                acc = tl.minimum(tl.maximum(acc, -TOP), TOP)
+                tl.store(x_ptr + t * H + cols, acc.to(x_ptr.dtype.element_ty), mask=cols < H)
 
 
 def launch(x: torch.Tensor, residual: torch.Tensor | None, positions: torch.Tensor, bank: torch.Tensor,
-           route: torch.Tensor, scratch=None) -> torch.Tensor:
+           route: torch.Tensor, scratch=None) -> None:
+    """Steer ``x`` in place."""
     # x, residual: [T, H]; positions: [T]; bank: [S+1, H]; route: [N>=T, K, 8] int32, a strided view;
     # scratch: a .steer_op.GateScratch, or None (no gate opens)
-    x, positions = x.contiguous(), positions.contiguous()  # no-ops here
+    n, h = x.shape
+    if n == 0:
+        return
+    if not x.is_contiguous():  # not seen in vLLM's layers; kept correct all the same
+        work = x.contiguous()
+        launch(work, residual, positions, bank, route, scratch)
+        x.copy_(work)
+        return
+    positions = positions.contiguous()  # no-ops here
     residual = residual.contiguous() if residual is not None else None
     if route.stride(1) != iv.WORDS or route.stride(2) != 1:
         route = route.contiguous()
-    out = torch.empty_like(x)
-    n, h = x.shape
-    if n == 0:
-        return out
     k = route.shape[1]
     gates, tok_row, counts, decided = scratch if scratch is not None else (route,) * 4  # unread without gates
     block = min(1024, triton.next_power_of_2(h))
-    _steer[(n, triton.cdiv(h, block))](x, x if residual is None else residual, out, positions, bank, route,
-                                       route.stride(0), gates, tok_row, counts, decided, H=h, K=k,
-                                       KP=triton.next_power_of_2(k), G=gates.shape[-1] if scratch is not None else 1,
-                                       BLOCK=block, HAS_RES=residual is not None, HAS_GATES=scratch is not None,
-                                       TOP=torch.finfo(x.dtype).max, BIG=torch.finfo(torch.float32).max,
-                                       num_warps=4)
-    return out
+    _steer[(n,)](x, x if residual is None else residual, positions, bank, route, route.stride(0), gates, tok_row,
+                 counts, decided, H=h, K=k, KP=triton.next_power_of_2(k),
+                 G=gates.shape[-1] if scratch is not None else 1, BLOCK=block, HAS_RES=residual is not None,
+                 HAS_GATES=scratch is not None, TOP=torch.finfo(x.dtype).max, BIG=torch.finfo(torch.float32).max,
+                 num_warps=4)

@@ -5,15 +5,16 @@ At the end of armed layer ``L`` every token ``t`` of request ``r`` gets
     h_L[t] += sum_k  c_k(h_L[t]) * bank[slot[r, L, k]]     for k with lo <= pos[t] < hi
 
 on the residual stream, ``c_k`` being the entry's mode coefficient (:mod:`.interventions`:
-its scale for an add, from ``h·v`` and ``‖h‖`` for the projecting modes). The add is one opaque custom op (``hotwire::steer``, :mod:`.steer_op`):
-torch.compile traces it without a graph break, inductor leaves it a kernel of its own, and the
-kernels around it are generated exactly as without the plugin. All state lives in buffers
-allocated once, before compile and CUDA-graph capture; steering on/off and vector changes are
-content updates between replays (invariant 4).
+its scale for an add, from ``h·v`` and ``‖h‖`` for the projecting modes). The add is one opaque
+in-place custom op (``hotwire::steer_``, :mod:`.steer_op`): torch.compile traces it without a
+graph break, inductor leaves it a kernel of its own, and the kernels around it are generated
+exactly as without the plugin. All state lives in buffers allocated once, before compile and
+CUDA-graph capture; steering on/off and vector changes are content updates between replays
+(invariant 4), and steps with nothing steered replay graphs without the op (:mod:`.idle_graphs`).
 
 The op reads a per-token copy of the routing rows (``tok_route``, refreshed by the router only
 when the batch changes, in one gather), addressed by token index, so the bank row is its only
-dependent load, and entries that are off add ``-0.0``: an unsteered token keeps its bits.
+dependent load, and it writes only steered tokens: an unsteered token keeps its bits.
 Each armed layer holds a view of its own layer's slice of that table as a buffer: a graph input,
 so every armed layer traces to the same graph (a layer index would be a constant in it).
 """
@@ -29,7 +30,7 @@ import torch
 from torch import nn
 
 from .interventions import WORDS
-from .steer_op import GateScratch, attach_scratch, steer
+from .steer_op import GateScratch, attach_scratch, steer_
 
 _LAYER_INDEX = re.compile(r"(?:^|\.)layers\.(\d+)$")
 
@@ -86,12 +87,13 @@ class SteeringTables(nn.Module):
 
     def forward(self, x: torch.Tensor, residual: torch.Tensor | None, positions: torch.Tensor,
                 route: torch.Tensor) -> torch.Tensor:
-        # x: [T, H] the layer's output (an addend of the stream); residual: [T, H] the other addend
-        # (None: x is the stream); positions: [T] (or [3, T] for M-RoPE); route: [N, K, 8], the
-        # layer's slice of tok_route
+        # x: [T, H] the layer's output (an addend of the stream), steered in place and returned;
+        # residual: [T, H] the other addend (None: x is the stream); positions: [T] (or [3, T] for
+        # M-RoPE); route: [N, K, 8], the layer's slice of tok_route
         if positions.dim() == 2:
             positions = positions[0]
-        return steer(x, residual, positions[: x.shape[0]], self.bank, route)
+        steer_(x, residual, positions[: x.shape[0]], self.bank, route)
+        return x
 
 
 @dataclass(frozen=True)

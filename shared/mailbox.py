@@ -83,6 +83,15 @@ COUNTERS = (
     "unsteered_preset_unresolved",  # a {"preset": ...} item reached the engine unexpanded
     "unsteered_unarmed_projection",  # a projecting mode or probe on a layer not in HOTWIRE_PROJECTION_LAYERS
     "gate_opened_tokens",  # tokens for which a gated request's gate opened (the rank sharing the core's process)
+    # host_ns by hook (the engine core's schedule hook, the rank's on_schedule and on_batch; the
+    # rank's where it shares the core's process), and the part of it spent in steps in which
+    # requests arrived or left; all published by the heartbeat, like steps and host_ns
+    "host_ns_core",
+    "host_ns_schedule",
+    "host_ns_batch",
+    "steps_changed",  # engine steps in which requests arrived or left
+    "host_ns_changed",
+    "heartbeat_ns",  # CPU time of the engine core's heartbeat thread (an upper bound on its GIL share)
 )
 COUNTER_INDEX = {name: i for i, name in enumerate(COUNTERS)}
 

@@ -468,6 +468,11 @@ def test_metrics_expose_catalog_slots_engine_counters_and_uploads(rig):
     rig.engine.box.add_counter("steered_requests", 7)
     rig.engine.box.set_counter("steps", 40)
     rig.engine.box.set_counter("host_ns", 2_500_000_000)
+    for name, ns in (("host_ns_core", 1_000_000_000), ("host_ns_schedule", 500_000_000),
+                     ("host_ns_batch", 1_000_000_000), ("host_ns_changed", 2_000_000_000),
+                     ("heartbeat_ns", 250_000_000)):
+        rig.engine.box.set_counter(name, ns)
+    rig.engine.box.set_counter("steps_changed", 4)
     rig.engine.box.flush_counters()  # as the engine's step or heartbeat does
     m = _metrics(rig)
     RANK0 = (("dp_rank", "0"),)  # engine metrics are per data-parallel rank
@@ -481,6 +486,11 @@ def test_metrics_expose_catalog_slots_engine_counters_and_uploads(rig):
     assert m[("hotwire_engine_steered_requests_total", RANK0)] == 7
     assert m[("hotwire_engine_steps_total", RANK0)] == 40
     assert m[("hotwire_engine_host_seconds_total", RANK0)] == 2.5
+    hook = "hotwire_engine_hook_host_seconds_total"
+    assert [m[(hook, (*RANK0, ("hook", h)))] for h in ("core", "schedule", "batch")] == [1.0, 0.5, 1.0]
+    assert m[("hotwire_engine_changed_steps_total", RANK0)] == 4
+    assert m[("hotwire_engine_changed_host_seconds_total", RANK0)] == 2.0
+    assert m[("hotwire_engine_heartbeat_cpu_seconds_total", RANK0)] == 0.25
     assert m[("hotwire_uploads_total", (("code", "201"),))] == 2
     assert m[("hotwire_uploads_total", (("code", "409"),))] == 1
     assert 0 <= m[("hotwire_engine_heartbeat_age_seconds", RANK0)] < 3

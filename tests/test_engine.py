@@ -203,6 +203,13 @@ def test_steps_and_host_time_reach_the_mailbox(steered, rounds):
     min_steps = sum(max(r.get("max_tokens", 8) for r in reqs) for reqs in rounds.values())
     assert counters["steps"] >= min_steps
     assert 0 < counters["host_ns"] < counters["steps"] * 10**7  # under 10 ms a step on CPU
+    # by hook: the engine core's and the rank's (same process here), adding up to the total
+    hooks = [counters[f"host_ns_{h}"] for h in ("core", "schedule", "batch")]
+    assert all(ns > 0 for ns in hooks) and sum(hooks) == counters["host_ns"]
+    # every round's arrivals and departures are changed steps; its steady decode steps are not
+    assert len(rounds) <= counters["steps_changed"] < counters["steps"] - len(rounds)
+    assert 0 < counters["host_ns_changed"] < counters["host_ns"]
+    assert counters["heartbeat_ns"] > 0
 
 
 def test_bad_startup_files_are_named_and_skipped(steered):

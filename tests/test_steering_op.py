@@ -7,12 +7,26 @@ import pytest
 import torch
 from torch import nn
 
+from hotwire.engine_plugin import idle_graphs, steer_op
 from hotwire.engine_plugin.interventions import ADD
-from hotwire.engine_plugin.steer_op import reference
 from hotwire.engine_plugin.steering import SteeringTables, arm, decoder_layers
 from hotwire.shared.spec import NO_END
 
 H = 16
+
+
+def reference(x, *args, **kwargs):
+    """The op's reference run on a copy of ``x``: the steered stream (``x`` is left as it was)."""
+    out = x.clone()
+    assert steer_op.reference(out, *args, **kwargs) is None
+    return out
+
+
+def op(x, *args):
+    """The registered op (``hotwire::steer_``, in place) on a copy of ``x``."""
+    out = x.clone()
+    torch.ops.hotwire.steer_(out, *args)
+    return out
 
 
 def _bits(v: float) -> int:
@@ -37,7 +51,7 @@ def test_unsteered_tokens_are_returned_bit_for_bit():
     t = _tables()
     x = torch.randn(5, H)
     x[0, :3] = torch.tensor([-0.0, 0.0, 1e-38])  # signed zeros and denormals survive too
-    out = t(x, torch.randn(5, H), torch.arange(5), t.layer(0))
+    out = t(x.clone(), torch.randn(5, H), torch.arange(5), t.layer(0))
     assert torch.equal(out, x) and torch.equal(torch.signbit(out), torch.signbit(x))
 
 
@@ -49,7 +63,7 @@ def test_entries_add_scaled_rows_on_their_positions_only():
     t.tok_row[:6] = torch.tensor([0, 1, 1, 1, 1, 0], dtype=torch.int32)  # tokens 1-4 belong to request row 1
     t.load_tokens(6)
     x, pos = torch.randn(6, H), torch.tensor([9, 0, 1, 2, 3, 4])
-    out = t(x, None, pos, t.layer(0))
+    out = t(x.clone(), None, pos, t.layer(0))
     want = x.clone()
     for tok in range(1, 5):
         want[tok] += 1.5 * t.bank[3]
@@ -57,7 +71,7 @@ def test_entries_add_scaled_rows_on_their_positions_only():
             want[tok] += -2.0 * t.bank[5]
     torch.testing.assert_close(out, want, rtol=0, atol=1e-6)
     assert torch.equal(out[0], x[0]) and torch.equal(out[5], x[5])
-    assert torch.equal(t(x, None, pos, t.layer(1)), x)  # the other armed layer has no entries
+    assert torch.equal(t(x.clone(), None, pos, t.layer(1)), x)  # the other armed layer has no entries
 
 
 def _mode_entry(spec: dict, row: int, bank: torch.Tensor) -> torch.Tensor:
@@ -179,7 +193,7 @@ def test_steered_request_keeps_its_bits_outside_its_window():
     t.load_tokens(4)
     x = torch.randn(4, H).to(torch.bfloat16)
     x[0, :2] = torch.tensor([-0.0, 0.0])
-    out = t.to(torch.bfloat16)(x, x, torch.arange(4), t.layer(0))
+    out = t.to(torch.bfloat16)(x.clone(), x, torch.arange(4), t.layer(0))
     assert torch.equal(out.view(torch.int16), x.view(torch.int16))  # every bit, signed zeros included
 
 
@@ -189,7 +203,7 @@ def test_mrope_positions_use_the_first_row():
     t.tok_row[:2] = 1
     t.load_tokens(2)
     x = torch.zeros(2, H)
-    out = t(x, None, torch.tensor([[3, 4], [0, 0], [0, 0]]), t.layer(0))
+    out = t(x.clone(), None, torch.tensor([[3, 4], [0, 0], [0, 0]]), t.layer(0))
     assert torch.equal(out[0], t.bank[2]) and torch.equal(out[1], x[1])
 
 
@@ -314,8 +328,8 @@ def test_op_registration_is_consistent_with_its_fake():
     x, residual, pos, bank, route = _random_tables(9, H, torch.float32, "cpu")
     for res in (residual, None):
         args = (x, res, pos, bank, route[:, 1])  # a layer's strided view, as the armed layers pass it
-        torch.library.opcheck(torch.ops.hotwire.steer.default, args)
-        assert torch.equal(torch.ops.hotwire.steer(*args), reference(*args))
+        torch.library.opcheck(torch.ops.hotwire.steer_.default, args)
+        assert torch.equal(op(*args), reference(*args))
         assert not torch.equal(reference(*args)[-1], x[-1])
 
 
@@ -326,14 +340,14 @@ def test_triton_kernel_matches_the_reference(n, h, dtype):
     x, residual, pos, bank, route = _random_tables(n, h, dtype, "cuda", seed=n)
     for layer, res in zip(range(route.shape[1]), (residual, None, residual)):
         at = (x, res, pos, bank, route[:, layer])  # strided, as in the engine
-        got = torch.ops.hotwire.steer(*at)
+        got = op(*at)
         want = reference(*[a.cpu() if a is not None else None for a in at])
         off = ~((pos[:, None] >= route[:, layer, :, 1]) & (pos[:, None] < route[:, layer, :, 2])).any(1)
         assert (off.any() or n == 1) and not off.all()
         # tokens with no entry on: every bit of x, signed zeros included
         assert torch.equal(got[off].cpu().view(torch.uint8), x[off].cpu().view(torch.uint8))
         torch.testing.assert_close(got.cpu(), want, rtol=1e-2 if dtype != torch.float32 else 1e-5, atol=1e-2)
-        torch.library.opcheck(torch.ops.hotwire.steer.default, at)
+        torch.library.opcheck(torch.ops.hotwire.steer_.default, at)
 
 
 @pytest.mark.gpu
@@ -344,7 +358,7 @@ def test_triton_kernel_saturates_like_the_reference(dtype):
     bank[1:] = top  # every entry that is on now overflows
     for layer in range(route.shape[1]):
         at = (x, residual, pos, bank, route[:, layer])
-        got = torch.ops.hotwire.steer(*at)
+        got = op(*at)
         assert torch.isfinite(got).all()
         torch.testing.assert_close(got.cpu(), reference(*[a.cpu() if a is not None else None for a in at]), rtol=1e-2, atol=0)
 
@@ -370,9 +384,16 @@ def test_compile_salt_names_the_op_source():
 _INTERPRETED = """
 import sys, torch
 sys.path.insert(0, {tests!r})
-from test_steering_op import _random_tables
-from hotwire.engine_plugin.steer_op import reference
-from hotwire.engine_plugin.steer_triton import launch
+from test_steering_op import _random_tables, reference
+from hotwire.engine_plugin import steer_triton
+
+
+def launch(x, *args):
+    out = x.clone()
+    steer_triton.launch(out, *args)
+    return out
+
+
 for n, h in [(1, 64), (7, 100), (5, 1088)]:
     for dtype in (torch.float32, torch.bfloat16):
         x, res, pos, bank, route = _random_tables(n, h, dtype, "cpu", seed=n)
@@ -488,7 +509,59 @@ def test_the_op_finds_its_gate_scratch_through_the_bank():
     x, res, bank, route0, route1, _ = _gated_case()
     t.bank[: bank.shape[0]] = bank
     t.tok_row[:8] = 2
-    out = torch.ops.hotwire.steer(x, res, torch.arange(8), t.bank, route0)
+    out = op(x, res, torch.arange(8), t.bank, route0)
     opened = (x + res) @ (bank[2] / bank[2].norm()) > 0.1
     assert torch.equal(t.gates[:8, 0].bool(), opened) and t.gate_counts[2, 0] == opened.sum()
     assert not torch.equal(out, x)
+
+
+def test_the_op_writes_steered_tokens_in_place_and_leaves_the_rest_alone():
+    x, residual, pos, bank, route = _random_tables(9, H, torch.float32, "cpu")
+    want = reference(x, residual, pos, bank, route[:, 1])
+    steered = ~torch.all(want == x, dim=1)
+    assert 0 < steered.sum() < 9
+    y, ptr = x.clone(), None
+    ptr = y.data_ptr()
+    assert torch.ops.hotwire.steer_(y, residual, pos, bank, route[:, 1]) is None
+    assert y.data_ptr() == ptr and torch.equal(y, want)
+    assert torch.equal(y[~steered].view(torch.int32), x[~steered].view(torch.int32))
+
+
+def test_the_op_does_nothing_while_idle_graphs_skip_it():
+    """An idle step (no token routed) and the idle capture pass: the op launches nothing."""
+    x, residual, pos, bank, route = _random_tables(9, H, torch.float32, "cpu")
+    try:
+        idle_graphs.select(True)
+        assert torch.equal(op(x, residual, pos, bank, route[:, 1]), x)
+    finally:
+        idle_graphs.select(False)
+    assert not torch.equal(op(x, residual, pos, bank, route[:, 1]), x)
+
+
+def test_inductor_steers_the_layer_output_in_place_without_a_copy():
+    """The functionalized in-place op is re-inplaced onto the layer's output buffer: the compiled
+    code calls it on that buffer and copies nothing (a copy would be a kernel on every step,
+    graphs without the op included)."""
+    from torch._inductor.utils import run_and_get_code
+
+    model = Model(2)
+    t = _tables(armed=2)
+    arm(decoder_layers(model), [0, 1], t)
+    t.route[1, 0, 0] = _entry(1, 0, NO_END, 2.0)
+    t.tok_row[:4] = 1
+    t.load_tokens(4)
+
+    def forward(pos, x):
+        h, r = model.layers[0](pos, x, None)
+        h, r = model.layers[1](pos, h, r)
+        return h + r
+
+    pos, x = torch.arange(4), torch.randn(4, H)
+    with torch.no_grad():
+        want = forward(pos, x)
+        torch._dynamo.reset()
+        got, (code, *_) = run_and_get_code(torch.compile(forward, fullgraph=True), pos, x)
+    torch.testing.assert_close(got, want)
+    calls = [line for line in code.splitlines() if "hotwire.steer_" in line and "(" in line and "#" not in line]
+    assert len(calls) == 2, code
+    assert "clone" not in code and ".copy_(" not in code, code

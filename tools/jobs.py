@@ -18,7 +18,8 @@ Each round is one ``llm.generate`` call (one batch). Output::
 
     {"rounds": [[{"tokens": [...], "logprobs": [...]}, ...]], "hotwire": bool, "armed": [layer, ...],
      "counters": {...},
-     "graph_counts": [{"compiles": n, "captures": n} after warm-up, after each round, after timing],
+     "graph_counts": [{"compiles": n, "captures": n, "idle_captures": n} after warm-up, after each round,
+                      after timing],
      "timing": {"idle_ms": [...], "steered_ms": [...]}}
 
 ``armed`` lists the decoder layers the plugin armed, as its mailbox publishes them (empty when
@@ -40,15 +41,18 @@ import time
 
 
 def _graph_counters():
-    """Count dynamo compilations and CUDA-graph captures in this process (engine in-process)."""
+    """Count dynamo compilations and CUDA-graph captures in this process (engine in-process);
+    ``idle_captures`` are hotwire's second captures, without the op (``engine_plugin.idle_graphs``),
+    so ``captures`` compares with a plugin-free engine's."""
     import torch
 
-    counts = {"captures": 0}
+    counts = {"captures": 0, "idle_captures": 0}
     if torch.cuda.is_available():
         orig = torch.cuda.CUDAGraph.capture_begin
 
         def capture_begin(self, *a, **k):
-            counts["captures"] += 1
+            idle = sys.modules.get("hotwire.engine_plugin.idle_graphs")
+            counts["idle_captures" if idle is not None and idle.skipping() else "captures"] += 1
             return orig(self, *a, **k)
 
         torch.cuda.CUDAGraph.capture_begin = capture_begin
@@ -56,7 +60,7 @@ def _graph_counters():
     def snapshot():
         from torch._dynamo.utils import counters
 
-        return {"compiles": int(counters["stats"]["unique_graphs"]), "captures": counts["captures"]}
+        return {"compiles": int(counters["stats"]["unique_graphs"]), **counts}
 
     return snapshot
 

@@ -1,0 +1,97 @@
+"""Graphs without the op (``engine_plugin.idle_graphs``): which table a holder reads per step, and
+what happens when the second capture pass goes wrong. The holders here keep their graphs the way
+vLLM's do (a dict keyed by batch descriptor: ``CUDAGraphWrapper.concrete_cudagraph_entries``, the
+V2 manager's ``graphs``); on the GPU, ``tests/test_gpu.py`` counts the real captures."""
+
+from __future__ import annotations
+
+import weakref
+
+import pytest
+
+from hotwire.engine_plugin import idle_graphs
+
+
+class Wrapper:  # as vLLM's CUDAGraphWrapper keeps its graphs
+    def __init__(self):
+        self.concrete_cudagraph_entries = {}
+
+    def capture(self, key):
+        self.concrete_cudagraph_entries.setdefault(key, "without op" if idle_graphs.skipping() else "with op")
+
+    def clear_graphs(self):
+        self.concrete_cudagraph_entries.clear()
+
+
+class Manager:  # as the V2 runner's CudaGraphManager keeps its FULL graphs
+    def __init__(self):
+        self.graphs = {}
+
+    def capture(self, key):
+        assert key not in self.graphs
+        self.graphs[key] = "without op" if idle_graphs.skipping() else "with op"
+
+
+@pytest.fixture(autouse=True)
+def fresh_state(monkeypatch):
+    monkeypatch.setattr(idle_graphs, "_off", None)
+    monkeypatch.setattr(idle_graphs, "_split_holders", weakref.WeakSet())
+    monkeypatch.setattr(idle_graphs, "STATS", idle_graphs.Stats())
+    yield
+    idle_graphs.select(False)
+
+
+def _pass(holders, keys):
+    def run():
+        for key in keys:
+            for h in holders:
+                h.capture(key)
+    return run
+
+
+def test_each_step_replays_the_table_of_its_kind_and_vllm_sees_one_dict():
+    piece, full, other = Wrapper(), Manager(), Wrapper()
+    other.concrete_cudagraph_entries["old"] = "with op"  # another engine's: not captured in this pass
+    holders = [piece, full, other]
+    for keys in (["b8"], ["b4", "b1"]):  # V1: one pass per batch descriptor, largest first
+        idle_graphs.capture_twice(_pass([piece, full], keys), _pass([piece, full], keys), lambda: holders)
+    assert idle_graphs.STATS.graphs == 6
+    assert type(other) is Wrapper and "_hotwire_tables" not in other.__dict__
+    assert isinstance(piece, Wrapper) and isinstance(full, Manager)  # still vLLM's classes to vLLM
+    idle_graphs.select(False)
+    assert piece.concrete_cudagraph_entries == {"b8": "with op", "b4": "with op", "b1": "with op"}
+    assert set(full.graphs.values()) == {"with op"}
+    idle_graphs.select(True)
+    assert piece.concrete_cudagraph_entries == {"b8": "without op", "b4": "without op", "b1": "without op"}
+    assert set(full.graphs.values()) == {"without op"} and len(full.graphs) == 3
+    assert other.concrete_cudagraph_entries == {"old": "with op"}
+    piece.clear_graphs()  # vLLM's memory profiling clears what it captured: both tables
+    idle_graphs.select(False)
+    assert piece.concrete_cudagraph_entries == {}
+
+
+def test_a_second_pass_that_misses_a_graph_undoes_every_split_for_good():
+    a, b = Wrapper(), Wrapper()
+    idle_graphs.capture_twice(_pass([a, b], ["b8"]), _pass([a, b], ["b8"]), lambda: [a, b])
+    assert "_hotwire_tables" in a.__dict__
+    # the second pass of the next descriptor captures one holder only: pieces of one chain would mix
+    idle_graphs.capture_twice(_pass([a, b], ["b4"]), _pass([a], ["b4"]), lambda: [a, b])
+    for h in (a, b):
+        assert type(h) is Wrapper and "_hotwire_tables" not in h.__dict__
+    idle_graphs.select(True)
+    assert a.concrete_cudagraph_entries == {"b8": "with op", "b4": "with op"}  # every graph keeps the op
+    assert idle_graphs.STATS.graphs == 0
+    idle_graphs.capture_twice(_pass([a], ["b1"]), _pass([a], ["b1"]), lambda: [a])  # later passes: single
+    assert type(a) is Wrapper and a.concrete_cudagraph_entries["b1"] == "with op"
+
+
+def test_a_failing_second_pass_leaves_the_engine_with_its_graphs():
+    a = Manager()
+
+    def boom():
+        raise RuntimeError("out of memory")
+
+    idle_graphs.capture_twice(_pass([a], ["b8"]), boom, lambda: [a])
+    assert type(a) is Manager and a.graphs == {"b8": "with op"}
+    assert not idle_graphs.skipping()  # the capture never leaves the op switched off
+
