@@ -1,7 +1,8 @@
 """One engine core and its ranks, joined as vLLM joins them, on CPU tables with a real mailbox.
 
-:class:`CoreSync` is the only mailbox reader; each step's scheduler output goes through the
-core's ``on_schedule`` and then to each rank's (:class:`Steerer`). ``Step`` carries the two
+:class:`CoreSync` is the only mailbox reader (its thread's period is :meth:`CoreSync.poll`,
+run here before each step); each step's scheduler output goes through the core's
+``on_schedule`` and then to each rank's (:class:`Steerer`). ``Step`` carries the two
 fields of vLLM's ``SchedulerOutput`` that hotwire reads.
 """
 
@@ -60,16 +61,17 @@ class Rig:
         self.control = ControlMailbox.attach(str(tmp_path / "e.mbx"))
 
     def step(self, new=(), finished=()) -> Step:
-        """One engine step: the core decides, the rank follows."""
+        """A period of the core's mailbox thread, then one engine step: the core decides, the
+        rank follows."""
         out = Step([new_req(*r) for r in new], set(finished))
+        self.core.poll()
         self.core.on_schedule(out)
         self.rank.on_schedule(out)
         return out
 
     def idle(self) -> None:
-        """What the core's heartbeat does while no step runs."""
-        with self.core.lock:
-            self.core.apply()
+        """A period of the core's mailbox thread while no step runs."""
+        self.core.poll()
 
     @property
     def registry(self) -> Registry:

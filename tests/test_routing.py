@@ -45,9 +45,11 @@ def test_admit_writes_one_request_row_and_holds_its_slots(rig):
     assert tables.route[row, 1, :, 4].view(torch.float32).tolist() == [2.0, -1.0]
     assert tables.route[row, 0].abs().sum() == 0  # layer 1 untouched
     assert rig.registry.inflight[0] == 1 and rig.core.registry.inflight[0] == 1
+    rig.idle()  # the mailbox thread publishes the references
     assert rig.counters.counts["steered_requests"] == 1 and int(rig.control.engine["inflight"][0]) == 1
     rig.step(finished=["r1"])
     assert rig.registry.inflight[0] == 0 and "r1" not in rig.router.active
+    rig.idle()
     assert int(rig.control.engine["inflight"][0]) == 0
 
 
@@ -126,7 +128,9 @@ def test_retirement_is_acked_only_with_current_refs(rig):
     assert control.acked(0) and not control.reusable(0)  # acked, but a request still holds it
     rig.step()
     assert rig.registry.resolve("v", 1) is None  # no new request can bind it
-    rig.step(finished=["r"])  # a request left: the step publishes the references
+    rig.step(finished=["r"])
+    assert not control.reusable(0)  # until the mailbox thread publishes the references
+    rig.idle()
     assert control.reusable(0)
 
 
@@ -151,12 +155,14 @@ def test_a_reused_slot_does_not_show_its_previous_occupants_last_use(rig):
     control.write(0, "old", ANY_LAYER, np.ones(H, np.float32), gen=1)
     rig.step(new=[("r", _spec({"id": "old", "layer": 1}), 3)])
     rig.step(finished=["r"])
+    rig.idle()
     assert int(control.engine["last_used_ns"][0]) > 0
     control.retire(0)
     rig.idle()
     control.write(0, "new", ANY_LAYER, np.ones(H, np.float32), gen=1)
     rig.idle()
     rig.step()
+    rig.idle()
     assert int(control.engine["last_used_ns"][0]) == 0  # "new" has not been used yet
 
 
@@ -198,6 +204,7 @@ def test_every_rank_changes_at_the_same_step(tmp_path):
     rig, other, rng = Rig(tmp_path), make_rank("cpu"), np.random.default_rng(0)
     for step in range(12):
         out = _churn(rig, step, rng)
+        rig.core.poll()
         rig.core.on_schedule(out)
         for rank in (rig.rank, other):
             rank.on_schedule(out)
@@ -214,6 +221,7 @@ def test_a_rank_a_step_late_is_caught(tmp_path):
     held, agreed = None, []
     for step in range(12):
         out = _churn(rig, step, rng)
+        rig.core.poll()
         rig.core.on_schedule(out)
         rig.rank.on_schedule(out)
         skewed = Step(out.scheduled_new_reqs, out.finished_req_ids)
@@ -232,6 +240,7 @@ def test_ranks_of_a_pipeline_write_the_entries_of_their_own_layers(tmp_path):
     first, second = make_rank("cpu", armed=(1,)), make_rank("cpu", armed=(3,))
     rig.control.write(0, "v", ANY_LAYER, np.ones(H, np.float32), gen=1)
     out = Step([new_req("r", _spec({"id": "v", "layer": 1, "scale": 2.0}, {"id": "v", "layer": 3, "scale": 3.0}))])
+    rig.core.poll()
     rig.core.on_schedule(out)
     for rank in (first, second):
         rank.on_schedule(out)
