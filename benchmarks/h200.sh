@@ -11,7 +11,8 @@
 #                                           # and without them: HOTWIRE_IDLE_GRAPHS=0), armed on two,
 #                                           # each mode (0.6B: + eager)
 #   bash benchmarks/h200.sh serve  OUTDIR [C...]  # host work per step; served tokens/s at C in flight
-#                                           # (default 64 256): plugin-free, all armed, two armed
+#                                           # (default 64 256): plugin-free vs all armed, half steered;
+#                                           # TTFT and tokens/s with the control API pushing every second
 #   bash benchmarks/h200.sh pair   OUTDIR   # two GPUs: TP=2 and PP=2 servers with runtime registration
 #                                           # (tests/test_e2e_parallel.py as deployed: bf16, graphs on)
 #   bash benchmarks/h200.sh all    OUTDIR   # the four stages one after another (0.6B, 4B, 8B; 64, 256 in
@@ -80,15 +81,17 @@ perf() {  # perf [SHAPE...]: one engine at a time (a neighbour's start-up distur
   done
 }
 
-serve() {  # serve [CONCURRENCY...]: host work, then one served run over the concurrencies with three
-           # servers (plugin-free, all layers armed, two armed); ~6 min for 64 and 256 (session 6:
-           # start-up ~2 min, a round of the three servers ~6 s at 64 and ~15 s at 256)
+serve() {  # serve [CONCURRENCY...]: host work, served tokens/s (plugin-free vs hotwire, steady-state windows,
+           # one call of ~8 min), then TTFT under registration pushes (~5 min)
   local cs=("$@")
   [ ${#cs[@]} -eq 0 ] && cs=(64 256)
   job host python3 benchmarks/host_overhead.py --repeat 300 --out "$out/host-overhead.json"
   wait
-  job serve python3 benchmarks/serve_throughput.py --shape qwen3-0.6b --concurrency "${cs[@]}" \
-    --requests-per-client 4 --rounds 8 --out "$out/serve-qwen3-0.6b.json"
+  job serve python3 benchmarks/serve_throughput.py --shape qwen3-0.6b --concurrency "${cs[@]}" --budget-s 420 \
+    --out "$out/serve-qwen3-0.6b.json"
+  wait
+  job registration python3 benchmarks/registration_load.py --shape qwen3-0.6b --concurrency 64 --budget-s 265 \
+    --window-s 6 --out "$out/registration-qwen3-0.6b.json"
   wait
 }
 
