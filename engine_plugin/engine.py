@@ -74,10 +74,10 @@ class Steerer:
                  cfg.slots, requests, cfg.entries)
         idle_graphs.want(cfg.idle_graphs)
         if len(armed) > 4:
-            idle = ("steps in which a request is steered" if cfg.idle_graphs else
-                    "decode step (HOTWIRE_IDLE_GRAPHS=0: idle steps too)")
-            log.info("hotwire: each armed layer adds one kernel launch per %s (about 1.6 us on an H200); "
-                     "set HOTWIRE_LAYERS to the layers you steer to pay only for those", idle)
+            steps = ("every step in which a request is steered" if cfg.idle_graphs else
+                     "every decode step (HOTWIRE_IDLE_GRAPHS=0: idle ones too)")
+            log.info("hotwire: each armed layer adds one kernel launch (about 1.1-1.6 us on an H200) to %s; "
+                     "set HOTWIRE_LAYERS to the layers you steer to pay only for those", steps)
         counters = process_counters()
         return cls(Router(armed_model, admission, GateReport(tables.gate_counts, counters)), tables, counters)
 

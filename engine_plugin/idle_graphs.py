@@ -1,7 +1,7 @@
 """Graphs without the op, replayed on the steps in which no request is steered.
 
 Why: inside a CUDA graph the op is one kernel per armed layer on every step, steered or not
-(1.5–2.9 µs each on an H200: 1–4 % of a decode step with every layer armed). So every graph vLLM
+(1.1–2.9 µs each on an H200: 1–4 % of a decode step with every layer armed). So every graph vLLM
 captures is captured twice: as usual, and once more with the op launching nothing. A step whose
 batch routes no token replays the second, so an idle engine runs the plugin-free kernels and
 nothing else; a step with any steered token replays the first. Both are captured at start-up,

@@ -95,3 +95,19 @@ def test_a_failing_second_pass_leaves_the_engine_with_its_graphs():
     assert type(a) is Manager and a.graphs == {"b8": "with op"}
     assert not idle_graphs.skipping()  # the capture never leaves the op switched off
 
+
+
+@pytest.mark.parametrize("value,want", [("1", True), ("on", True), ("0", False), ("false", False)])
+def test_the_setting_reads_like_a_switch(monkeypatch, value, want):
+    from hotwire.engine_plugin.config import HotwireConfig
+
+    monkeypatch.setenv("HOTWIRE_IDLE_GRAPHS", value)
+    assert HotwireConfig.from_env().idle_graphs is want
+
+
+def test_a_misspelt_setting_is_refused_by_name(monkeypatch):
+    from hotwire.engine_plugin.config import HotwireConfig
+
+    monkeypatch.setenv("HOTWIRE_IDLE_GRAPHS", "yes please")
+    with pytest.raises(ValueError, match="HOTWIRE_IDLE_GRAPHS"):
+        HotwireConfig.from_env()
