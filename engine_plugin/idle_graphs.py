@@ -37,6 +37,7 @@ from typing import Any
 log = logging.getLogger("vllm.hotwire")
 
 TABLES = ("concrete_cudagraph_entries", "graphs")  # where known graph holders keep their graphs
+CLEARS = ("clear_graphs", "release_graphs")  # and the methods with which they drop them
 wanted = False  # a steerer in this process asked for graphs without the op (HOTWIRE_IDLE_GRAPHS)
 _skip = False
 _split_holders: "weakref.WeakSet[Any]" = weakref.WeakSet()
@@ -83,11 +84,14 @@ def _two_tables(cls: type, attr: str) -> type:
         self.__dict__["_hotwire_tables"][_skip] = value
 
     ns: dict[str, Any] = {attr: property(get, put), "__module__": __name__, "_hotwire_attr": attr}
-    if callable(getattr(cls, "clear_graphs", None)):
-        def clear_graphs(self):  # vLLM's memory profiling captures, then clears: both tables
-            for table in self.__dict__["_hotwire_tables"]:
-                table.clear()
-        ns["clear_graphs"] = clear_graphs
+    for name in CLEARS:  # vLLM drops its graphs (memory profiling, elastic EP): both tables
+        original = getattr(cls, name, None)
+        if callable(original):
+            def clearing(self, *args, _original=original, **kwargs):
+                for table in self.__dict__["_hotwire_tables"]:
+                    table.clear()
+                return _original(self, *args, **kwargs)
+            ns[name] = clearing
     return type(cls.__name__, (cls,), ns)
 
 

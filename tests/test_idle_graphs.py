@@ -26,6 +26,11 @@ class Wrapper:  # as vLLM's CUDAGraphWrapper keeps its graphs
 class Manager:  # as the V2 runner's CudaGraphManager keeps its FULL graphs
     def __init__(self):
         self.graphs = {}
+        self.captured = False
+
+    def release_graphs(self):  # vLLM 0.32's, for elastic EP: drop them, capture again later
+        self.graphs.clear()
+        self.captured = False
 
     def capture(self, key):
         assert key not in self.graphs
@@ -66,8 +71,10 @@ def test_each_step_replays_the_table_of_its_kind_and_vllm_sees_one_dict():
     assert set(full.graphs.values()) == {"without op"} and len(full.graphs) == 3
     assert other.concrete_cudagraph_entries == {"old": "with op"}
     piece.clear_graphs()  # vLLM's memory profiling clears what it captured: both tables
+    full.captured = True
+    full.release_graphs()  # called on an idle step: the steered table goes too
     idle_graphs.select(False)
-    assert piece.concrete_cudagraph_entries == {}
+    assert piece.concrete_cudagraph_entries == {} and full.graphs == {} and not full.captured
 
 
 def test_a_second_pass_that_misses_a_graph_undoes_every_split_for_good():
