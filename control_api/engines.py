@@ -35,6 +35,8 @@ from .errors import ApiError
 from .slots import RECONCILE_PERIOD_S, EngineView, Residency, SlotManager, catalog_write
 from .uploads import Upload
 
+APPLY_WAIT_S = 2.0  # the longest an upload or a delete waits for the engine to take it in
+
 log = logging.getLogger("hotwire.control_api")
 
 
@@ -188,7 +190,9 @@ class Engines:
                                           replace=upload.replace)
             for manager in managers:
                 manager.write(placements[manager.rank], record)
-            return record, old is None
+            written = [(m, m.written()) for m in managers]
+        await self._await_applied(written)
+        return record, old is None
 
     async def remove(self, vector_id: str) -> None:
         """Delete ``vector_id`` from the catalog and retire its slots on every rank."""
@@ -203,7 +207,17 @@ class Engines:
                 self.catalog.delete(vector_id)
             for manager in self:
                 manager.retire_vector(vector_id)
+            written = [(m, m.written()) for m in self]
             log.info("removed %s", vector_id)
+        await self._await_applied(written)
+
+    async def _await_applied(self, written: list[tuple[SlotManager, int | None]]) -> None:
+        """Return once every rank written to has taken the write in (or :data:`APPLY_WAIT_S`
+        passed): a response then means the next request sees the change."""
+        deadline = time.monotonic() + APPLY_WAIT_S
+        for manager, target in written:
+            if target is not None:
+                await manager.await_applied(target, deadline)
 
     def _require_catalog(self) -> None:
         refusal = self.catalog.write_refusal()

@@ -62,6 +62,7 @@ log = logging.getLogger("hotwire.control_api")
 
 RECONCILE_PERIOD_S = 0.2
 POLL_S = 0.01  # while waiting for the engine to release evicted slots
+APPLY_POLL_S = 0.002  # while waiting for the engine to take in a write (its mailbox thread: every 20 ms)
 
 
 ResidencyState = Literal["resident", "queued", "not_resident", "incompatible", "no_engine"]
@@ -274,6 +275,22 @@ class SlotManager:
                                "in the catalog; retry later")
             else:
                 await asyncio.sleep(POLL_S)
+
+    async def await_applied(self, target: int, deadline: float) -> None:
+        """Wait (until the monotonic ``deadline``) for the engine to take in generation ``target``:
+        it reads its mailbox on a thread of its own, between steps (``POLL_S``), so once this
+        returns, every request it admits from then on sees the write. An engine that does not
+        beat is not waited for (its vectors read ``queued``)."""
+        box = self.link.box
+        while box is not None and not box.replaced() and box.heartbeat_age_s() <= self.heartbeat_timeout_s:
+            if box.generations()[0] >= target or time.monotonic() >= deadline:
+                return
+            await asyncio.sleep(APPLY_POLL_S)
+
+    def written(self) -> int | None:
+        """The generation written so far (None without a mailbox)."""
+        box = self.link.box
+        return None if box is None else box.generations()[1]
 
     def write(self, placement: Placement, record: VectorRecord) -> None:
         """Write ``record``'s rows into the room made, then retire its older slots (the engine

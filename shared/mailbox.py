@@ -525,6 +525,10 @@ class ControlMailbox(_Mailbox):
     def in_sync(self) -> bool:
         return self._get("applied_gen") >= self._get("target_gen")
 
+    def generations(self) -> tuple[int, int]:
+        """``(applied, target)``: what the engine has taken in, what was written."""
+        return self._get("applied_gen"), self._get("target_gen")
+
 
 class MailboxView(_Mailbox):
     """Read-only access, for processes that only look (the engine core's prefix-cache salt)."""
