@@ -17,7 +17,9 @@ and keeps the heartbeat. At each ``Scheduler.schedule()``, on the engine's step 
 The step thread makes no system call: measured in a served engine on the H200, a ``pread`` of
 the mailbox on every step and a ``pwrite`` on every step that changed the references made the
 step thread give up the GIL to vLLM's output thread and wait to get it back, tens to hundreds of
-microseconds a step (``docs/performance.md``, "Session 10"). Nothing
+microseconds a step (``docs/performance.md``, "Session 10"). So that a request sent after an
+upload's answer still sees the upload, the control API answers only once the applied generation
+has reached it (``control_api.slots.SlotManager.await_applied``). Nothing
 read from the file is trusted (invariant 8): an entry the mailbox finds corrupt is rejected
 (logged, counted, acked as holding nothing, its slot unbound); a file that becomes unreadable
 (truncated, say) stops the sync with one error line and a counter, and the engine keeps serving
