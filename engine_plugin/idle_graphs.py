@@ -108,7 +108,7 @@ def _split(holder: Any) -> None:
     if "_hotwire_tables" in holder.__dict__:
         return
     attr = next(a for a in TABLES if isinstance(holder.__dict__.get(a), dict))
-    holder.__dict__["_hotwire_tables"] = (holder.__dict__.pop(attr), {})
+    holder.__dict__["_hotwire_tables"] = [holder.__dict__.pop(attr), {}]  # [steered, idle]: settable
     holder.__class__ = _two_tables(type(holder), attr)
     _split_holders.add(holder)
 

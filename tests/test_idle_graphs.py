@@ -77,6 +77,17 @@ def test_each_step_replays_the_table_of_its_kind_and_vllm_sees_one_dict():
     assert piece.concrete_cudagraph_entries == {} and full.graphs == {} and not full.captured
 
 
+def test_a_table_vllm_assigns_after_the_split_lands_on_the_side_of_the_step():
+    full = Manager()
+    idle_graphs.capture_twice(_pass([full], ["b8"]), _pass([full], ["b8"]), lambda: [full])
+    idle_graphs.select(True)
+    full.graphs = {"b2": "without op"}  # vLLM rebuilding its table, on an idle step
+    idle_graphs.select(False)
+    assert full.graphs == {"b8": "with op"}
+    idle_graphs.select(True)
+    assert full.graphs == {"b2": "without op"}
+
+
 def test_a_second_pass_that_misses_a_graph_undoes_every_split_for_good():
     a, b = Wrapper(), Wrapper()
     idle_graphs.capture_twice(_pass([a, b], ["b8"]), _pass([a, b], ["b8"]), lambda: [a, b])
