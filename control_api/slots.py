@@ -278,7 +278,8 @@ class SlotManager:
 
     async def await_applied(self, target: int, deadline: float) -> None:
         """Wait (until the monotonic ``deadline``) for the engine to take in generation ``target``:
-        it reads its mailbox on a thread of its own, between steps (``POLL_S``), so once this
+        it reads its mailbox on a thread of its own, between steps (every
+        ``engine_plugin.core_sync.POLL_S``), so once this
         returns, every request it admits from then on sees the write. An engine that does not
         beat is not waited for (its vectors read ``queued``)."""
         box = self.link.box

@@ -24,10 +24,10 @@ from typing import Any
 import numpy as np
 import torch
 
+from . import idle_graphs
 from .admission import Admission, entry_limit, request_args
 from .config import HotwireConfig
 from .counters import Counters, process_counters
-from . import idle_graphs
 from .gate_report import GateReport
 from .registry import Registry
 from .routing import Router
