@@ -61,7 +61,6 @@ import json
 import os
 import platform
 import secrets
-import signal
 import sys
 import tempfile
 import threading
@@ -73,8 +72,9 @@ import httpx
 import numpy as np
 
 from hotwire.tools.tiny_model import benchmark_model, steered_layers
-from serving import (SERVER_CORES, Load, Managed, Server, check_steering, cpu_plan, engine_args, gpu_name, median,
-                     median_ci, print_logs, snapshot, stop_all, verdict, wait_ready, window_row, write_vectors)
+from serving import (SERVER_CORES, Load, add_common_args, Managed, Server, check_steering, cpu_plan, engine_args, median,
+                     median_ci, print_logs, snapshot, start_run, stop_all, verdict, wait_ready, window_row,
+                     write_vectors)
 
 TARGET = 1.05
 MIN_PAIRS = 4  # fewer pairs' bootstrap interval is too narrow to trust: "unresolved"
@@ -331,26 +331,16 @@ def _report(s: dict) -> str:
 def main() -> None:
     t0 = time.monotonic()
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--shape", default="qwen3-0.6b", help="qwen3-0.6b | qwen3-4b | qwen3-8b (ignored with --smoke)")
     ap.add_argument("--concurrency", type=int, help="load requests in flight (default 64; smoke: 4)")
     ap.add_argument("--rounds", type=int, help="most measured rounds (default 60: the budget ends them; smoke: 4)")
     ap.add_argument("--window-s", type=float, help="measured window per round (default 8; smoke 4)")
     ap.add_argument("--gap-s", type=float, default=2.0, help="before each window, pushes already on (default 2)")
-    ap.add_argument("--budget-s", type=float, default=450,
-                    help="no round starts that would end later than this after the start (default 450)")
     ap.add_argument("--probe-rate", type=float, help="probes per second (default 20; smoke 2)")
     ap.add_argument("--probe-tokens", type=int, default=16, help="tokens each probe generates (default 16)")
     ap.add_argument("--pool", type=int, default=4, help="pusher's vectors alive at a time (default 4)")
-    ap.add_argument("--client-processes", type=int, default=4, help="load-generator processes (default 4)")
-    ap.add_argument("--steered-fraction", type=float, default=0.5)
-    ap.add_argument("--smoke", action="store_true", help="tiny model on CPU: checks the script, numbers mean nothing")
-    ap.add_argument("--out", type=Path, required=True)
+    add_common_args(ap)
     args = ap.parse_args()
-    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))  # run `finally`: stop the servers
-
-    gpu = None if args.smoke else gpu_name()
-    if not args.smoke and gpu is None:
-        raise SystemExit("no NVIDIA GPU (nvidia-smi): use --smoke to check the script on CPU")
+    gpu = start_run(args.smoke)
     if args.pool < 2:
         raise SystemExit("--pool must be at least 2 (one is replaced while the oldest is deleted)")
     c = args.concurrency or (4 if args.smoke else 64)

@@ -76,7 +76,6 @@ import argparse
 import json
 import os
 import platform
-import signal
 import sys
 import tempfile
 import time
@@ -86,8 +85,9 @@ from pathlib import Path
 import httpx
 
 from hotwire.tools.tiny_model import benchmark_model, steered_layers
-from serving import (SERVER_CORES, Load, Server, check_steering, cpu_plan, engine_args, gpu_name, median,
-                     median_ci, print_logs, snapshot, stop_all, verdict, wait_ready, window_row, write_vectors)
+from serving import (SERVER_CORES, Load, add_common_args, Server, check_steering, cpu_plan, engine_args, median,
+                     median_ci, print_logs, snapshot, start_run, stop_all, verdict, wait_ready, window_row,
+                     write_vectors)
 
 TARGET = 0.99
 MIN_ROUNDS = 5  # fewer rounds' bootstrap interval is too narrow to trust: "unresolved"
@@ -233,26 +233,16 @@ def _markdown(rows: list[dict], names: list[str]) -> str:
 def main() -> None:
     t0 = time.monotonic()
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--shape", default="qwen3-0.6b", help="qwen3-0.6b | qwen3-4b | qwen3-8b (ignored with --smoke)")
     ap.add_argument("--concurrency", type=int, nargs="+", help="requests in flight (default 64 256; smoke: 4 8)")
     ap.add_argument("--rounds", type=int,
                     help="most rounds per concurrency (default 30: the budget ends them; smoke: 2)")
     ap.add_argument("--window-s", type=float, help="measured window per server and round (default 5; smoke 3)")
     ap.add_argument("--settle-s", type=float, default=2.0, help="load before a window starts (default 2)")
-    ap.add_argument("--budget-s", type=float, default=450,
-                    help="no round starts that would end later than this after the start (default 450)")
-    ap.add_argument("--client-processes", type=int, default=4, help="load-generator processes (default 4)")
-    ap.add_argument("--steered-fraction", type=float, default=0.5)
     ap.add_argument("--servers", nargs="+", choices=list(SERVERS), default=["plugin_free", "hotwire"],
                     help="servers side by side (plugin_free is always one: the ratios are on it)")
-    ap.add_argument("--smoke", action="store_true", help="tiny model on CPU: checks the script, numbers mean nothing")
-    ap.add_argument("--out", type=Path, required=True)
+    add_common_args(ap)
     args = ap.parse_args()
-    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))  # run `finally`: stop the servers
-
-    gpu = None if args.smoke else gpu_name()
-    if not args.smoke and gpu is None:
-        raise SystemExit("no NVIDIA GPU (nvidia-smi): use --smoke to check the script on CPU")
+    gpu = start_run(args.smoke)
     concurrency = args.concurrency or ([4, 8] if args.smoke else [64, 256])
     rounds = args.rounds or (2 if args.smoke else 30)
     args.window_s = args.window_s or (3.0 if args.smoke else 5.0)

@@ -19,6 +19,7 @@ heartbeats' own time stamps (for shares of the window), not waited for.
 
 from __future__ import annotations
 
+import argparse
 import asyncio
 import itertools
 import json
@@ -38,12 +39,12 @@ from pathlib import Path
 import httpx
 import numpy as np
 
+from hotwire.engine_plugin.counters import STEP_TIME  # hotwire's step-time counters (an older engine lacks some)
+
 SERVED = "bench"  # the served model name
 N_VECTORS = 256  # startup vectors v0..v255 the steered requests name
 STARTUP_TIMEOUT_S = 480
 SERVER_CORES = 3  # physical cores per server: API server, engine core and their helper threads
-HOST_COUNTERS = ("steps", "host_ns", "host_ns_core", "host_ns_schedule", "host_ns_batch", "steps_changed",
-                 "host_ns_changed", "heartbeat_ns")  # hotwire's step-time counters (some may be absent)
 
 
 # ---------------------------------------------------------------- processes
@@ -275,6 +276,27 @@ def wait_ready(servers: list[Server], t0: float) -> dict[str, float]:
                 raise SystemExit(f"not ready after {STARTUP_TIMEOUT_S} s: {late}")
             time.sleep(0.5)
     return ready
+
+
+def add_common_args(ap: argparse.ArgumentParser) -> None:
+    """The options every served benchmark takes, beside its own."""
+    ap.add_argument("--shape", default="qwen3-0.6b", help="qwen3-0.6b | qwen3-4b | qwen3-8b (ignored with --smoke)")
+    ap.add_argument("--budget-s", type=float, default=450,
+                    help="no round starts that would end later than this after the start (default 450)")
+    ap.add_argument("--client-processes", type=int, default=4, help="load-generator processes (default 4)")
+    ap.add_argument("--steered-fraction", type=float, default=0.5)
+    ap.add_argument("--smoke", action="store_true", help="tiny model on CPU: checks the script, numbers mean nothing")
+    ap.add_argument("--out", type=Path, required=True)
+
+
+def start_run(smoke: bool) -> str | None:
+    """A SIGTERM runs the callers' ``finally`` (which stops the servers); the GPU's name, or exit
+    when a GPU run finds none."""
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
+    gpu = None if smoke else gpu_name()
+    if not smoke and gpu is None:
+        raise SystemExit("no NVIDIA GPU (nvidia-smi): use --smoke to check the script on CPU")
+    return gpu
 
 
 def gpu_name() -> str | None:
@@ -540,7 +562,7 @@ def host_stats(before: dict[str, int], after: dict[str, int], beat_s: float) -> 
     steady steps (no request came or went) and on changed steps, per hook (the engine core's per-step
     hook, a rank's ``on_schedule`` and its batch routing), and its heartbeat thread's CPU time as a
     share of the window. Counters this engine does not publish are left out."""
-    d = {k: after[k] - before[k] for k in HOST_COUNTERS if k in after and k in before}
+    d = {k: after[k] - before[k] for k in STEP_TIME if k in after and k in before}
     steps = d["steps"]
 
     def us(ns: int, n: int) -> float | None:
