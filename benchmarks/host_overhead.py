@@ -30,7 +30,8 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from hotwire.engine_plugin.admission import Admission, entry_limit
+from hotwire.engine_plugin.admission import Admission
+from hotwire.engine_plugin.stream_bound import StreamBudget
 from hotwire.engine_plugin.counters import Counters
 from hotwire.engine_plugin.registry import Registry
 from hotwire.engine_plugin.routing import Router
@@ -69,7 +70,7 @@ def main() -> None:
     for s in range(BATCH):
         registry.bind(s, f"v{s}", ANY_LAYER, gen=1, absmax=1.0, norm=1.0)
     admission = Admission(registry, armed=range(LAYERS), entries=4, requests=2 * BATCH,
-                          limit=entry_limit(torch.bfloat16), counters=Counters())
+                          budget=StreamBudget.of(torch.bfloat16), counters=Counters())
     router = Router(ArmedModel(tables, tuple(range(LAYERS))), admission)
     admit_repeat = max(5, args.repeat // 20)
     # every request of every repeat its own spec text: parsed texts are cached, and the figure is

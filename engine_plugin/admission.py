@@ -14,39 +14,50 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, NamedTuple
 
-import torch
-
-from hotwire.shared.spec import MAX_ENTRIES, NO_END, PROJECTION_MODES, Gate, SpecError, SteerEntry, parse_spec, spec_from_extra_args
+from hotwire.shared.spec import NO_END, PROJECTION_MODES, Gate, SpecError, SteerEntry, parse_spec, spec_from_extra_args
 
 from .counters import Counters
 from .interventions import coefficient_words, probe_words
 from .registry import Registry
+from .stream_bound import Change, StreamBudget, change
 
 
-def entry_limit(dtype: torch.dtype) -> float:
-    """The largest ``|scale| * max|v|`` one entry may add (invariant 8).
-
-    A request has at most ``MAX_ENTRIES`` entries, so everything it adds to a token's stream,
-    over all layers, stays within half the model dtype's range: the stream cannot overflow on
-    the steering alone, and a steered token never becomes non-finite (which would reach the KV
-    cache, and through reused blocks other requests).
-    """
-    return float(torch.finfo(dtype).max) / (2 * MAX_ENTRIES)
+def prompt_length(request: Any) -> int:
+    """The prompt's length as admission counts it, from a scheduler output's new request or a
+    mapping of ``Request`` arguments (the prefix-cache salt, :mod:`.salts`)."""
+    get = request.get if isinstance(request, dict) else lambda name: getattr(request, name, None)
+    ids, embeds = get("prompt_token_ids"), get("prompt_embeds")
+    return len(ids) if ids is not None else (len(embeds) if embeds is not None else 0)
 
 
 def request_args(req: Any) -> tuple[str, dict[str, Any] | None, int]:
     """``(req_id, extra_args, prompt_len)`` of a scheduler output's new request: what admission
     reads, the same on the engine core and on every rank."""
     sp = req.sampling_params
-    prompt_len = len(req.prompt_token_ids) if req.prompt_token_ids is not None else 0
-    return req.req_id, sp.extra_args if sp is not None else None, prompt_len
+    return req.req_id, sp.extra_args if sp is not None else None, prompt_length(req)
 
 
-# (layer, k, slot, then the entry's words 1-7 of :mod:`.interventions`: token window lo, hi, mode,
-# a, clamp lo or threshold, clamp hi, gate index)
-Term = tuple[int, int, int, int, int, int, int, int, int, int]
+class Term(NamedTuple):
+    """One entry of a request on one layer: where it goes in the route table (``layer``, column
+    ``k``), its bank slot, and its words 1-7 (:mod:`.interventions`)."""
+
+    layer: int
+    k: int
+    slot: int
+    lo: int  # token window [lo, hi)
+    hi: int
+    mode: int
+    a: int  # float32 bits, as are the next two
+    clamp_lo: int  # a probe's threshold
+    clamp_hi: int
+    gate: int  # 0: ungated; < 0: a prompt gate; a probe: the gate it records
+
+    @property
+    def words(self) -> tuple[int, ...]:
+        """The entry's words 1-7, as the route table holds them after the bank row."""
+        return self[3:]
 
 
 @dataclass(frozen=True)
@@ -54,6 +65,19 @@ class Admitted:
     row: int  # request row in the route table (1-based; 0 is the null row)
     terms: tuple[Term, ...]
     slots: tuple[int, ...]  # distinct slots the request holds a reference on
+
+    @property
+    def gates(self) -> int:
+        """How many gates the request has."""
+        return max((abs(t.gate) for t in self.terms), default=0)
+
+
+@dataclass(frozen=True)
+class Refused:
+    """Why a request runs unsteered: ``reason`` is the counter's code (``unsteered_<reason>``)."""
+
+    reason: str
+    detail: str
 
 
 class Admission:
@@ -64,15 +88,16 @@ class Admission:
     """
 
     def __init__(self, registry: Registry, *, armed: Iterable[int], entries: int, requests: int,
-                 limit: float, counters: Counters | None, projecting: Iterable[int] = ()):
-        self.registry, self.entries, self.limit, self.counters = registry, entries, limit, counters
+                 budget: StreamBudget, counters: Counters | None, projecting: Iterable[int] = ()):
+        self.registry, self.entries, self.budget, self.counters = registry, entries, budget, counters
         self.armed = frozenset(armed)
         self.projecting = frozenset(projecting)  # HOTWIRE_PROJECTION_LAYERS: where h can be read
         self.active: dict[str, Admitted] = {}
         self._free = list(range(requests, 0, -1))  # request row 0 is the null row
 
-    def admit(self, req_id: str, extra_args: dict[str, Any] | None, prompt_len: int) -> Admitted | None:
-        """Bind a new (or re-sent) request to a row, or count why it runs unsteered."""
+    def admit(self, req_id: str, extra_args: dict[str, Any] | None, prompt_len: int) -> Admitted | Refused | None:
+        """Bind a new (or re-sent) request to a row; or why it runs unsteered (counted); None when
+        it asks for no steering."""
         self.finish((req_id,))
         raw = spec_from_extra_args(extra_args)
         if raw is None:
@@ -87,7 +112,7 @@ class Admission:
         except SpecError as e:
             if self.counters is not None:
                 self.counters.unsteered(req_id, e.reason, e.detail)
-            return None
+            return Refused(e.reason, e.detail)
         admitted = Admitted(self._free.pop(), terms, slots)
         self.active[req_id] = admitted
         self.registry.hold(slots)
@@ -108,17 +133,16 @@ class Admission:
 
     def _resolve(self, entries: tuple[SteerEntry, ...], prompt_len: int) -> tuple[tuple[Term, ...], tuple[int, ...]]:
         terms: list[Term] = []
-        used: dict[int, int] = {}  # entries so far per layer
-        slots = set()
+        changes: dict[int, list[Change]] = {}  # what each layer's entries can do to the stream
         gates: dict[Gate, int] = {}  # a request's distinct gates, 1-based
+        used: dict[int, int] = {}  # entries so far per layer
 
         def add(layer: int, slot: int, words: tuple[int, ...]) -> None:
             k = used.get(layer, 0)
             if k == self.entries:
                 raise SpecError("too_many_entries", f"more than {self.entries} entries on layer {layer}")
             used[layer] = k + 1
-            terms.append((layer, k, slot, *words))  # type: ignore[arg-type]
-            slots.add(slot)
+            terms.append(Term(layer, k, slot, *words))
 
         for e in entries:
             span = e.span(prompt_len)
@@ -126,15 +150,25 @@ class Admission:
                                           or self._gate(e.gate, len(gates) + 1, add, gates, prompt_len))
             if e.gate is not None and e.gate.scope == "prompt":  # from the deciding token on
                 span = (max(span[0], prompt_len - 1), span[1])
+            projecting = e.mode in PROJECTION_MODES
             # "all": every layer the entry can run on (a projecting mode: the projection layers)
-            for layer in e.targets(self.projecting if e.mode in PROJECTION_MODES else self.armed):
+            layers = e.targets(self.projecting if projecting else self.armed)
+            if not layers and projecting:
+                raise SpecError("unarmed_projection", f"{e.mode} on all layers needs the stream, and no layer is "
+                                "among HOTWIRE_PROJECTION_LAYERS")
+            if not layers:
+                raise SpecError("unarmed_layer", "the entry is on all layers, and no layer is armed")
+            for layer in layers:
                 if e.gate is not None and e.gate.layer > layer:
                     raise SpecError("bad_params", f"gate on layer {e.gate.layer} is after the entry's layer {layer}")
-                slot = self._slot(e, layer)
-                mode, a, lo, hi = coefficient_words(e, float(self.registry.norm[slot]), self.limit)
-                add(layer, slot, (*span, mode, a, lo, hi, g))
-        return tuple(terms), tuple(sorted(slots))
-
+                slot = self._bound_slot(e.id, layer, e.mode if projecting else None)
+                norm = float(self.registry.norm[slot])
+                if projecting:
+                    self.budget.check_length(norm, f"vector {e.id!r}")
+                add(layer, slot, (*span, *coefficient_words(e, norm), g))
+                changes.setdefault(layer, []).append(change(e.mode, e.scale, norm, e.lo, e.hi))
+        self.budget.check(changes)
+        return tuple(terms), tuple(sorted({t.slot for t in terms}))
 
     def _gate(self, gate: Gate, g: int, add, gates: dict[Gate, int], prompt_len: int) -> int:
         """Give ``gate`` index ``g`` (``-g`` for a prompt gate, in every entry it concerns) and put
@@ -142,7 +176,9 @@ class Admission:
         if g > self.entries:
             raise SpecError("too_many_entries", f"more than {self.entries} distinct gates")
         slot = self._bound_slot(gate.probe, gate.layer, "a gate probe")
-        mode, a, threshold, _ = probe_words(gate.threshold, float(self.registry.norm[slot]), gate.probe)
+        norm = float(self.registry.norm[slot])
+        self.budget.check_length(norm, f"gate probe {gate.probe!r}")
+        mode, a, threshold, _ = probe_words(gate.threshold, norm, gate.probe)
         word, window = (g, (0, NO_END)) if gate.scope == "token" else (-g, (prompt_len - 1, prompt_len))
         add(gate.layer, slot, (*window, mode, a, threshold, 0, word))
         gates[gate] = word
@@ -159,15 +195,4 @@ class Admission:
         slot = self.registry.resolve(vector_id, layer)
         if slot is None:
             raise SpecError("unknown_id", f"no vector {vector_id!r} for layer {layer}")
-        return slot
-
-    def _slot(self, e: SteerEntry, layer: int) -> int:
-        """The bank slot serving entry ``e`` at ``layer``; an add is also bounded in size."""
-        slot = self._bound_slot(e.id, layer, e.mode if e.mode in PROJECTION_MODES else None)
-        if e.mode == "add":
-            size = abs(e.scale) * float(self.registry.absmax[slot])
-            if size > self.limit:
-                raise SpecError("out_of_range", f"entry {e.id!r} on layer {layer} adds up to "
-                                f"{size:.3g} (|scale| * max|v|), over this model's limit of "
-                                f"{self.limit:.3g} per entry")
         return slot

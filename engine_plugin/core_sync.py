@@ -41,11 +41,12 @@ import numpy as np
 from hotwire.shared.mailbox import ACTIVE, ANY_LAYER, EngineMailbox, Fingerprint, MailboxError, SlotEntry
 
 from . import startup
-from .admission import Admission, entry_limit, request_args
+from .admission import Admission, request_args
 from .config import HotwireConfig
 from .counters import Counters, process_counters
 from .delta import PendingDelta
 from .registry import Registry
+from .stream_bound import StreamBudget
 
 log = logging.getLogger("vllm.hotwire")
 
@@ -103,7 +104,7 @@ class CoreSync:
         registry, counters = Registry(cfg.slots), process_counters()
         admission = Admission(registry, armed=armed, entries=cfg.entries,
                               requests=2 * int(vllm_config.scheduler_config.max_num_seqs),
-                              limit=entry_limit(dtype), counters=counters,
+                              budget=StreamBudget.of(dtype), counters=counters,
                               projecting=cfg.projecting_layers(int(text.num_hidden_layers)))
         pending = PendingDelta(fp.hidden, dtype, armed=tuple(armed))
         loaded = cls._load_startup(cfg, fp, armed, pending)

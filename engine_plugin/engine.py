@@ -25,11 +25,12 @@ import numpy as np
 import torch
 
 from . import idle_graphs
-from .admission import Admission, entry_limit, request_args
+from .admission import Admission, request_args
 from .config import HotwireConfig
 from .counters import Counters, process_counters
 from .gate_report import GateReport
 from .registry import Registry
+from .stream_bound import StreamBudget
 from .routing import Router
 from .steering import SteeringTables, arm, decoder_layers
 
@@ -67,7 +68,7 @@ class Steerer:
         armed_model = arm(found, armed, tables, projecting)
         # Armed layers of every stage arrive with the engine core's first delta; until then, ours.
         admission = Admission(Registry(cfg.slots), armed=armed, entries=cfg.entries, requests=requests,
-                              limit=entry_limit(dtype), counters=None, projecting=projecting)
+                              budget=StreamBudget.of(dtype), counters=None, projecting=projecting)
         log.info("hotwire: armed %d/%d decoder layers of %s %s; tables %.1f MiB on %s "
                  "(%d slots, %d request rows, %d entries/layer)",
                  len(armed), n_layers, type(model).__name__, armed, tables.nbytes / 2**20, runner.device,

@@ -49,9 +49,10 @@ _F32_MAX = float(torch.finfo(torch.float32).max)
 _INF_BITS, _NEG_INF_BITS = (int(b) for b in np.array([np.inf, -np.inf], np.float32).view(np.int32))
 
 
-def coefficient_words(entry: SteerEntry, norm: float, limit: float) -> tuple[int, int, int, int]:
-    """``(mode, a, lo, hi)`` words for ``entry`` on a row of norm ``norm``; SpecError when the
-    entry cannot be applied safely (a projection of a zero vector, or a size past ``limit``)."""
+def coefficient_words(entry: SteerEntry, norm: float) -> tuple[int, int, int, int]:
+    """``(mode, a, lo, hi)`` words for ``entry`` on a row of norm ``norm``; SpecError when a
+    projecting entry has no direction to project on (a zero vector, or one too short for ``a``).
+    What the entry can do to the stream is bounded elsewhere (:mod:`.stream_bound`)."""
     mode = CODES[entry.mode]
     if mode == ADD:
         return ADD, f32_bits(entry.scale), 0, 0
@@ -62,10 +63,6 @@ def coefficient_words(entry: SteerEntry, norm: float, limit: float) -> tuple[int
         raise SpecError("out_of_range", f"vector {entry.id!r} is too short for {entry.mode} (norm {norm:.3g})")
     lo = hi = 0
     if mode == CLAMP:
-        for bound in (entry.lo, entry.hi):
-            if bound is not None and abs(bound) > limit:
-                raise SpecError("out_of_range", f"clamp bound {bound:.3g} is past this model's limit "
-                                f"of {limit:.3g}")
         lo = _NEG_INF_BITS if entry.lo is None else f32_bits(entry.lo)
         hi = _INF_BITS if entry.hi is None else f32_bits(entry.hi)
     return mode, f32_bits(a), lo, hi

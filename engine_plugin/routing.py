@@ -1,7 +1,7 @@
 """Per-request routing rows and the per-step token -> request map, on one rank.
 
 Per request, on arrival only: :class:`.admission.Admission` resolves the spec to bank slots,
-and this rank writes one request row ``[A, K, 4]`` of its route table for the layers it holds.
+and this rank writes one request row ``[A, K, 8]`` of its route table for the layers it holds.
 Per step: one vectorised ``np.repeat`` of request rows over the step's token counts; when it or
 the rows changed, one copy to ``tok_row`` and one gather of the rows into the per-token table
 the op reads (decode steps of a steady batch reuse it: positions, not the map, move the token
@@ -18,7 +18,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from .admission import Admission, Term
+from .admission import Admission, Admitted, Term
 from .gate_report import GateReport
 from .interventions import PROBE
 from .staging import copy_into, to_device
@@ -52,14 +52,14 @@ class Router:
     def admit(self, req_id: str, extra_args: dict[str, Any] | None, prompt_len: int) -> None:
         self.finish((req_id,))
         admitted = self.admission.admit(req_id, extra_args, prompt_len)
-        if admitted is None:
+        if not isinstance(admitted, Admitted):
             return
         route = np.zeros(self.tables.route.shape[1:], dtype=np.int32)  # [A, K, 8]
         cut = self._gates_elsewhere(admitted.terms)
-        for layer, k, slot, *words in admitted.terms:
-            pos = self.armed.position(layer)
-            if pos is not None and words[-1] not in cut:  # another stage's layer: that rank writes it
-                route[pos, k] = (slot + 1, *words)
+        for t in admitted.terms:
+            pos = self.armed.position(t.layer)
+            if pos is not None and t.gate not in cut:  # another stage's layer: that rank writes it
+                route[pos, t.k] = (t.slot + 1, *t.words)
         self._row_of[req_id] = admitted.row
         self._staged.append((admitted.row, route))
         self._dirty = True
@@ -67,9 +67,9 @@ class Router:
     def _gates_elsewhere(self, terms: tuple[Term, ...]) -> set[int]:
         """Gates whose probe layer another pipeline stage holds: their entries here stay off (a
         stage cannot read another's stream), said once per request."""
-        probes = {t[-1]: t[0] for t in terms if t[5] == PROBE}  # gate word -> probe layer
+        probes = {t.gate: t.layer for t in terms if t.mode == PROBE}  # gate word -> probe layer
         cut = {g for g, layer in probes.items() if self.armed.position(layer) is None}
-        if cut and any(t[-1] in cut and self.armed.position(t[0]) is not None for t in terms):
+        if cut and any(t.gate in cut and self.armed.position(t.layer) is not None for t in terms):
             log.warning("hotwire: gates %s probe layers on another pipeline stage; the entries they gate on "
                         "this stage stay off", sorted(cut))
         return cut
@@ -81,9 +81,8 @@ class Router:
                 continue
             del self._row_of[req_id]
             self._dirty = True
-            gates = max((abs(t[-1]) for t in admitted.terms), default=0)
-            if gates and self.report is not None:
-                self.report.finish(req_id, admitted.row, gates)
+            if admitted.gates and self.report is not None:
+                self.report.finish(req_id, admitted.row, admitted.gates)
 
     @torch.inference_mode()
     def commit(self) -> None:

@@ -5,8 +5,10 @@
   a graph without the current steering op, so the hash is salted with the plugin version, a
   digest of the op's source and everything that shapes the tables.
 * Prefix cache (invariant 5): block hashes ignore ``extra_args`` but include ``cache_salt``, so a
-  steered request's salt is extended with its canonical spec (and the generations of the
-  vectors it names, read from the mailbox), and KV blocks are never shared across configs.
+  steered request's salt is extended with its canonical spec, the versions of the vectors it
+  reads (from the mailbox) and, where its tokens are chosen relative to the prompt's end, the
+  prompt's length: KV blocks are never shared between requests whose tokens there are steered
+  differently.
 """
 
 from __future__ import annotations
@@ -24,6 +26,7 @@ from typing import Any
 from hotwire.shared.mailbox import MailboxError, MailboxView
 from hotwire.shared.spec import SpecError, cache_salt, parse_spec, spec_from_extra_args
 
+from .admission import prompt_length
 from .config import HotwireConfig
 
 log = logging.getLogger("vllm.hotwire")
@@ -68,15 +71,16 @@ def patch_config_hash(module: ModuleType) -> None:
     cls.compute_hash = compute_hash
 
 
-class _Generations:
-    """Vector generations as published in the mailbox, re-read only when the table changed."""
+class _Versions:
+    """Vector versions as the mailbox holds them (:meth:`MailboxView.versions`), re-read only when
+    the directory changed."""
 
     def __init__(self) -> None:
         self._view: MailboxView | None = None
         self._seen = -1
-        self._gens: dict[str, int] = {}
+        self._versions: dict[str, str] = {}
 
-    def get(self) -> dict[str, int]:
+    def get(self) -> dict[str, str]:
         path = HotwireConfig.from_env().mailbox
         if not path:
             return {}
@@ -87,11 +91,11 @@ class _Generations:
             head = self._view.header
             target = int(head["target_gen"]) ^ int(head["epoch"])
             if target != self._seen:
-                self._gens, self._seen = self._view.generations(), target
+                self._versions, self._seen = self._view.versions(), target
         except (OSError, MailboxError, ValueError):
             self._close()  # no mailbox, or an unreadable one: salt with the spec alone
-            self._gens = {}
-        return self._gens
+            self._versions = {}
+        return self._versions
 
     def _close(self) -> None:
         if self._view is not None:
@@ -99,10 +103,10 @@ class _Generations:
             self._view = None
 
 
-_generations = _Generations()
+_versions = _Versions()
 
 
-def request_salt(sampling_params: Any) -> str | None:
+def request_salt(sampling_params: Any, prompt_len: int) -> str | None:
     """The prefix-cache salt a request's steering adds, or None when it is not steered."""
     raw = spec_from_extra_args(getattr(sampling_params, "extra_args", None))
     if raw is None:
@@ -111,7 +115,7 @@ def request_salt(sampling_params: Any) -> str | None:
         entries = parse_spec(raw)
     except SpecError:
         return None  # runs unsteered: may share blocks with unsteered requests
-    return cache_salt(entries, _generations.get()) if entries else None
+    return cache_salt(entries, _versions.get(), prompt_len) if entries else None
 
 
 def patch_request(module: ModuleType) -> None:
@@ -127,7 +131,7 @@ def patch_request(module: ModuleType) -> None:
 
     def __init__(self, *args, **kwargs):
         bound = sig.bind(self, *args, **kwargs)
-        salt = request_salt(bound.arguments.get("sampling_params"))
+        salt = request_salt(bound.arguments.get("sampling_params"), prompt_length(bound.arguments))
         if salt is not None:
             prior = bound.arguments.get("cache_salt")
             bound.arguments["cache_salt"] = f"{prior}|{salt}" if prior else salt

@@ -74,7 +74,7 @@ COUNTERS = (
     "mailbox_torn_reads",  # entries skipped because a write was in progress
     "steps",  # engine steps hotwire routed (published by the heartbeat, like host_ns)
     "host_ns",  # time hotwire's per-step work held the engine's step thread
-    "unsteered_out_of_range",  # an entry's |scale| * max|v| could overflow the stream
+    "unsteered_out_of_range",  # the spec could overflow the stream (engine_plugin.stream_bound)
     "mailbox_rejected",  # directory entries refused as corrupt (bad state, id, layer or row)
     "mailbox_errors",  # the mailbox file became unreadable (truncated, removed); sync stopped
     "unsteered_too_large",  # the spec's text is longer than a spec may be
@@ -537,13 +537,18 @@ class MailboxView(_Mailbox):
     def open(cls, path: str) -> "MailboxView":
         return cls._at(path, writable=False)
 
-    def generations(self) -> dict[str, int]:
-        """``{vector id: generation}`` of every ACTIVE slot with a valid id."""
+    def versions(self) -> dict[str, str]:
+        """``{vector id: version}`` of every ACTIVE slot with a valid id: where and when this
+        mailbox got the vector's rows (its slots and their write sequence numbers, and the file's
+        epoch), so a version is never repeated for other rows in the engine's lifetime, whatever
+        catalog wrote them (a rebuilt catalog restarts its generations; the sequence numbers
+        of the file's slots only grow)."""
         d = self.directory
-        live = d[d["state"] == ACTIVE]
-        out: dict[str, int] = {}
-        for raw, gen in zip(live["vector_id"].tolist(), live["gen"].tolist()):
+        epoch = self.epoch
+        slots = np.flatnonzero(d["state"] == ACTIVE)
+        found: dict[str, list[str]] = {}
+        for slot, raw, seq in zip(slots.tolist(), d["vector_id"][slots].tolist(), d["seq"][slots].tolist()):
             vid = _text(raw)
             if valid_id(vid):
-                out[vid] = max(int(gen), out.get(vid, 0))
-        return out
+                found.setdefault(vid, []).append(f"{slot}:{seq}")
+        return {vid: f"{epoch:x}/{','.join(where)}" for vid, where in found.items()}

@@ -175,6 +175,11 @@ class SteerEntry(BaseModel):
         """Effective token selector (``decode_only`` folded into ``positions``)."""
         return "generated" if self.decode_only else self.positions
 
+    @property
+    def relative_to_prompt(self) -> bool:
+        """Do the tokens this entry steers depend on where the prompt ends?"""
+        return self.where in ("prompt", "generated") or (self.gate is not None and self.gate.scope == "prompt")
+
     def targets(self, armed: frozenset[int] | set[int]) -> tuple[int, ...]:
         """The decoder layers this entry applies at: ``layers: "all"`` means every armed layer."""
         if self.layer is not None:
@@ -322,15 +327,24 @@ def canonical_json(entries: tuple[SteerEntry, ...]) -> str:
     return json.dumps(rows, sort_keys=True, separators=(",", ":"))
 
 
-def cache_salt(entries: tuple[SteerEntry, ...], versions: dict[str, int] | None = None) -> str:
-    """Prefix-cache salt for a steered request (invariant 5).
+def cache_salt(entries: tuple[SteerEntry, ...], versions: dict[str, str] | None = None,
+               prompt_len: int | None = None) -> str:
+    """Prefix-cache salt for a steered request (invariant 5): two requests get the same salt only
+    where every token of theirs is steered the same.
 
-    ``versions`` maps vector ids to their registration generation when known, so a replaced
-    vector never reuses KV blocks computed under the old one.
+    ``versions`` maps vector ids to their version in the engine (``MailboxView.versions``) for
+    every vector the spec reads, its entries' and its gates' probes: a replaced, deleted or
+    re-pushed vector never reuses KV blocks computed under other rows. ``prompt_len`` is mixed in
+    when an entry's tokens are chosen relative to the prompt's end (``prompt``, ``generated``,
+    ``decode_only``, a prompt-scoped gate): a follow-up chat turn carries the last answer, steered
+    as generated tokens, as its prompt.
     """
     text = canonical_json(entries)
     if versions:
-        text += json.dumps({e.id: versions.get(e.id, 0) for e in entries}, sort_keys=True)
+        read = sorted({e.id for e in entries} | {e.gate.probe for e in entries if e.gate is not None})
+        text += json.dumps({vid: versions.get(vid, "") for vid in read}, sort_keys=True)
+    if any(e.relative_to_prompt for e in entries):
+        text += f"|prompt_len={prompt_len}"
     return "hotwire:" + hashlib.sha256(text.encode()).hexdigest()[:32]
 
 

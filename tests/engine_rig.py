@@ -11,7 +11,8 @@ from types import SimpleNamespace
 
 import torch
 
-from hotwire.engine_plugin.admission import Admission, entry_limit
+from hotwire.engine_plugin.admission import Admission
+from hotwire.engine_plugin.stream_bound import StreamBudget
 from hotwire.engine_plugin.core_sync import CoreSync
 from hotwire.engine_plugin.counters import Counters
 from hotwire.engine_plugin.delta import PendingDelta
@@ -42,7 +43,7 @@ def make_rank(device: str, armed=ARMED) -> Steerer:
     tables = SteeringTables(slots=SLOTS, hidden=H, armed=len(armed), requests=REQUESTS, entries=ENTRIES,
                             max_tokens=64, dtype=torch.float32, device=torch.device(device))
     admission = Admission(Registry(SLOTS), armed=armed, entries=ENTRIES, requests=REQUESTS,
-                          limit=entry_limit(torch.float32), counters=None)
+                          budget=StreamBudget.of(torch.float32), counters=None)
     return Steerer(Router(ArmedModel(tables, armed), admission), tables, Counters())
 
 
@@ -54,7 +55,7 @@ class Rig:
         self.counters.mailbox = box
         registry = Registry(SLOTS)
         admission = Admission(registry, armed=ARMED, entries=ENTRIES, requests=REQUESTS,
-                              limit=entry_limit(torch.float32), counters=self.counters)
+                              budget=StreamBudget.of(torch.float32), counters=self.counters)
         self.core = CoreSync(box, PendingDelta(H, torch.float32, armed=ARMED), registry, admission, self.counters)
         self.rank = make_rank(device)
         self.tables, self.router = self.rank.tables, self.rank.router

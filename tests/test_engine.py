@@ -64,6 +64,11 @@ BAD_SPECS.update({
     '{"id": "boost", "layer": 2, "gate": {"probe": "a", "layer": 0}}': "unsteered_unarmed_projection",
 })
 MAX_TOKENS = 10
+# Follow-up turns under selectors relative to the prompt's end: turn 2's prompt is turn 1's prompt
+# and answer, so KV blocks turn 1 computed with its answer steered as generated (or unsteered)
+# tokens hold what turn 2 steers as prompt (or does not).
+TURN_SPECS = [{"id": "boost", "layer": 1, "scale": 2.0, "decode_only": True},
+              {"id": "boost", "layer": 1, "scale": 2.0, "positions": "prompt"}]
 PROJECTING = {1, 2, 3}  # HOTWIRE_PROJECTION_LAYERS of the steered engine
 
 
@@ -71,7 +76,7 @@ def _rounds(tok) -> dict[str, list[dict]]:
     def req(text, spec=None, n=MAX_TOKENS):
         return {"prompt_token_ids": tok(text).input_ids, "max_tokens": n, "spec": spec, "logprobs": 0}
 
-    return {
+    rounds = {
         "plain": [req(SHORT[0]), req(SHORT[1]), req(LONG)],
         "mixed": [req(SHORT[0], BOOST), req(SHORT[1]), req(LONG), req(LONG2, {"id": "layered", "layer": 2})],
         "alone": [req(SHORT[0], BOOST)],
@@ -90,6 +95,14 @@ def _rounds(tok) -> dict[str, list[dict]]:
                   req(SHORT[0], MODE_SPECS["prompt_closed"])],
         "modes_alone": [req(SHORT[3], MODE_SPECS["stacked"])],
     }
+    first = tok(CACHED).input_ids[:200]  # turn 1 ends inside the second 128-token block
+    rounds["turn1"] = [{"prompt_token_ids": first, "max_tokens": 100, "spec": s} for s in TURN_SPECS]
+    after = len(rounds) - 1
+    more = tok(" And then?").input_ids
+    for name, salt in (("turn2", {}), ("turn2_unshared", {"cache_salt": "own"})):
+        rounds[name] = [{**req(SHORT[0], s), "prompt_token_ids": more, "after": [after, i], **salt}
+                        for i, s in enumerate(TURN_SPECS)]
+    return rounds
 
 
 @pytest.fixture(scope="module")
@@ -226,6 +239,15 @@ def test_prefix_cache_never_mixes_steering_configs(steered, plugin_free):
     assert s["cache_plain"][0]["tokens"] == plugin_free[0]["cache_plain"][0]["tokens"]
     assert s["cache_plain"][0]["logprobs"] == plugin_free[0]["cache_plain"][0]["logprobs"]
     assert s["cache_steered_again"][0]["tokens"] == s["cache_steered"][0]["tokens"]
+
+
+def test_a_follow_up_turn_never_reuses_blocks_steered_for_another_prompt_end(steered):
+    """Invariant 5 across chat turns: turn 2 carries turn 1's answer in its prompt; with the same
+    spec it gives what it gives with no block shared."""
+    s = steered[0]
+    for shared, own in zip(s["turn2"], s["turn2_unshared"]):
+        assert shared["tokens"] == own["tokens"]
+        np.testing.assert_allclose(shared["logprobs"], own["logprobs"], atol=1e-4)
 
 
 # -- the math, against transformers ------------------------------------------------------------

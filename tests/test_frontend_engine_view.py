@@ -39,6 +39,10 @@ def test_what_the_directory_holds_is_judged_as_the_engine_admits(tmp_path):
     assert reason(view, id="boot", scale=1e38) == "out_of_range"
     assert view.judge(json.dumps([{"id": "boot", "layer": 1}] * 5)).reason == "too_many_entries"
     assert view.judge("[]") is None  # no entries: asked for nothing
+    # a projecting mode on "all" layers with no projection layer would steer nothing: never applied
+    for entry in ({"id": "boot", "layers": "all", "mode": "ablate"}, {"id": "nope", "layers": "all", "mode": "clamp",
+                                                                       "lo": 0.0}):
+        assert view.judge(json.dumps(entry)).reason == "unarmed_projection"
 
     control = ControlMailbox.attach(str(path))
     control.write(1, "new", 1, ROW, gen=1)  # not yet acknowledged: the next step applies it

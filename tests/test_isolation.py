@@ -1,9 +1,11 @@
 """Invariant 8 on a real vLLM engine (CPU in CI): no request's spec harms another request.
 
 An attacker sends scales that are finite in float32 but overflow the residual stream (and a
-vector of huge values at a modest scale) beside unsteered victims, and fresh requests follow in
-later batches. Every victim and every later request must give exactly the plugin-free tokens,
-and the attacker's entries are refused as ``out_of_range`` (the request runs unsteered).
+vector of huge values at a modest scale), and specs whose entries are each small but whose
+whole can overflow it (one entry on every layer, repeated; an add that a later ``ablate`` or
+``norm`` multiplies), beside unsteered victims, and fresh requests follow in later batches.
+Every victim and every later request must give exactly the plugin-free tokens, and the
+attacker's specs are refused as ``out_of_range`` (the request runs unsteered).
 """
 
 from __future__ import annotations
@@ -20,6 +22,9 @@ ATTACKS = [
     {"id": "unit", "layer": 2, "scale": -3.4e38},
     {"id": "unit", "layer": 0, "scale": 1e38},
     {"id": "huge", "layer": 1, "scale": 2.0},
+    [{"id": "unit", "layers": "all", "scale": 1e37}] * 4,
+    [{"id": "unit", "layer": 0, "scale": 1e37}, {"id": "unit", "layer": 1, "mode": "ablate", "scale": -64}],
+    [{"id": "unit", "layer": 0, "scale": 1e37}, {"id": "unit", "layer": 1, "mode": "norm", "scale": 64}],
 ]
 PROMPTS = ["The quick brown fox", "Paris is the capital of", "Once upon a time, a small",
            "Electric cars, rockets and"]
@@ -53,7 +58,8 @@ def runs(tmp_path_factory, tiny_model, attack_vectors):
     out = {}
     for plugin in (True, False):
         tmp = tmp_path_factory.mktemp("armed" if plugin else "plugin-free")
-        env = engine_env(tmp, HOTWIRE_VECTORS=str(attack_vectors)) if plugin else engine_env(tmp)
+        env = (engine_env(tmp, HOTWIRE_VECTORS=str(attack_vectors), HOTWIRE_PROJECTION_LAYERS="all") if plugin
+               else engine_env(tmp))
         out[plugin] = run_engine(tmp, {"model": str(tiny_model), "engine": CPU_ENGINE,
                                        "plugin": plugin, "rounds": rounds}, env)
     return rounds, out[True], out[False]

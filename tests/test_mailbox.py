@@ -21,7 +21,7 @@ def test_control_side_sees_the_engines_fingerprint_and_startup_slots(tmp_path):
     np.testing.assert_array_equal(e.row, np.full(8, 2.0))
 
 
-def test_view_reads_generations_of_active_slots(tmp_path):
+def test_view_reads_a_version_of_each_active_vector_that_no_later_write_repeats(tmp_path):
     path = str(tmp_path / "e.mbx")
     EngineMailbox.create(path, FP, n_slots=5)
     control = ControlMailbox.attach(path)
@@ -29,7 +29,21 @@ def test_view_reads_generations_of_active_slots(tmp_path):
     control.write(1, "a", 2, np.zeros(8, np.float32), gen=4)
     control.write(2, "b", ANY_LAYER, np.zeros(8, np.float32), gen=1)
     control.retire(2)
-    assert MailboxView.open(path).generations() == {"a": 4}
+    view = MailboxView.open(path)
+    first = view.versions()
+    assert set(first) == {"a"} and first["a"].startswith(f"{view.epoch:x}/")
+    seen = {first["a"]}
+    control.retire(0)
+    control.retire(1)
+    # a control API with a fresh catalog pushes "a" again: generation 1, the same slots
+    fresh = ControlMailbox.attach(path)
+    fresh.write(0, "a", 1, np.zeros(8, np.float32), gen=1)
+    fresh.write(1, "a", 2, np.zeros(8, np.float32), gen=1)
+    again = view.versions()["a"]
+    assert again not in seen
+    seen.add(again)
+    fresh.write(1, "a", 2, np.ones(8, np.float32), gen=2)  # one layer's row replaced
+    assert view.versions()["a"] not in seen
 
 
 def test_engine_restart_replaces_the_file_with_a_new_epoch(tmp_path):

@@ -99,17 +99,38 @@ def test_canonical_form_ignores_order_and_spelling():
     assert cache_salt(a) == cache_salt(b)
 
 
-def test_cache_salt_separates_configs_and_vector_generations():
+def test_cache_salt_separates_configs_and_vector_versions():
     base = parse_spec({"id": "a", "layer": 1, "scale": 1.0})
     salts = {
         cache_salt(base),
         cache_salt(parse_spec({"id": "a", "layer": 1, "scale": 1.5})),
         cache_salt(parse_spec({"id": "a", "layer": 2, "scale": 1.0})),
         cache_salt(parse_spec({"id": "a", "layer": 1, "scale": 1.0, "positions": "prompt"})),
-        cache_salt(base, {"a": 2}),
-        cache_salt(base, {"a": 3}),
+        cache_salt(base, {"a": "1/0:2"}),
+        cache_salt(base, {"a": "1/0:4"}),
     }
     assert len(salts) == 6
+    assert cache_salt(base, {"a": "1/0:2", "other": "1/3:2"}) == cache_salt(base, {"a": "1/0:2"})
+
+
+def test_cache_salt_covers_a_gates_probe_version():
+    gated = parse_spec({"id": "a", "layer": 2, "gate": {"probe": "p", "layer": 1}})
+    assert cache_salt(gated, {"a": "1/0:2", "p": "1/1:2"}) != cache_salt(gated, {"a": "1/0:2", "p": "1/1:4"})
+
+
+@pytest.mark.parametrize("entry", [
+    {"positions": "generated"}, {"decode_only": True}, {"positions": "prompt"},
+    {"gate": {"probe": "a", "layer": 1, "scope": "prompt"}},
+])
+def test_cache_salt_covers_the_prompt_length_where_tokens_are_chosen_from_the_prompts_end(entry):
+    spec = parse_spec({"id": "a", "layer": 1, **entry})
+    assert cache_salt(spec, prompt_len=200) != cache_salt(spec, prompt_len=320)
+
+
+@pytest.mark.parametrize("entry", [{}, {"positions": [0, 50]}, {"gate": {"probe": "a", "layer": 1}}])
+def test_cache_salt_ignores_the_prompt_length_where_positions_do_not_depend_on_it(entry):
+    spec = parse_spec({"id": "a", "layer": 1, **entry})
+    assert cache_salt(spec, prompt_len=200) == cache_salt(spec, prompt_len=320)
 
 
 # Hardening (issue 12) ----------------------------------------------------------------------

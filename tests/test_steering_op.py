@@ -80,7 +80,7 @@ def _mode_entry(spec: dict, row: int, bank: torch.Tensor) -> torch.Tensor:
     from hotwire.shared.spec import parse_spec
 
     (e,) = parse_spec({"id": "v", "layer": 0, **spec})
-    mode, a, lo, hi = coefficient_words(e, float(bank[row].double().norm()), limit=1e30)
+    mode, a, lo, hi = coefficient_words(e, float(bank[row].double().norm()))
     return torch.tensor([row, 0, NO_END, mode, a, lo, hi, 0], dtype=torch.int32)
 
 

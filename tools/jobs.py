@@ -10,11 +10,14 @@ Job::
 
     {"model": PATH, "engine": {LLM kwargs}, "plugin": true,
      "rounds": [[{"prompt": "..." | "prompt_token_ids": [...], "max_tokens": 8,
-                  "spec": <hotwire spec or null>, "logprobs": 0}, ...], ...],
+                  "spec": <hotwire spec or null>, "logprobs": 0, "cache_salt": "...",
+                  "after": [round, index]}, ...], ...],
      "graph_counts": false, "progress": false,
      "timing": {"batch": 8, "steps": 64, "rounds": 3, "vocab": 1000, "spec": <spec for every request>}}
 
-Each round is one ``llm.generate`` call (one batch). Output::
+Each round is one ``llm.generate`` call (one batch). A request with ``after`` is a follow-up turn:
+its prompt is that earlier request's prompt and answer, then its own ``prompt_token_ids``.
+``cache_salt`` keeps a request's KV blocks apart from every other request's. Output::
 
     {"rounds": [[{"tokens": [...], "logprobs": [...]}, ...]], "hotwire": bool, "armed": [layer, ...],
      "counters": {...},
@@ -83,9 +86,15 @@ def main(job_path: str, out_path: str) -> None:
                               logprobs=req.get("logprobs"), extra_args=extra)
 
     def prompt(req):
-        if "prompt_token_ids" in req:
-            return {"prompt_token_ids": req["prompt_token_ids"]}
-        return req["prompt"]
+        if "after" in req:
+            r, i = req["after"]
+            ids = [*prompt(job["rounds"][r][i])["prompt_token_ids"], *rounds[r][i]["tokens"],
+                   *req.get("prompt_token_ids", [])]
+        elif "prompt_token_ids" in req:
+            ids = req["prompt_token_ids"]
+        else:
+            return req["prompt"]
+        return {"prompt_token_ids": ids, **({"cache_salt": req["cache_salt"]} if "cache_salt" in req else {})}
 
     def generate(batch):
         return llm.generate([prompt(r) for r in batch], [params(r) for r in batch], use_tqdm=False)

@@ -28,25 +28,14 @@ import torch
 from hotwire.shared.mailbox import ACTIVE, MailboxError, MailboxView, entry_problem
 from hotwire.shared.spec import SPEC_KEY, SpecError, parse_spec
 
-from ..admission import Admission, entry_limit
+from ..admission import Admission, Refused
 from ..config import HotwireConfig
-from ..counters import Counters
 from ..delta import PendingDelta
 from ..registry import Registry
+from ..stream_bound import StreamBudget
 from .verdict import Verdict
 
 _PROBE = "hotwire-frontend"  # the request id a judgement is admitted under, then finished
-
-
-class _Refusal(Counters):
-    """Where :class:`Admission` says why it refused: kept, not counted (the engine counts)."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.why: tuple[str, str] | None = None
-
-    def unsteered(self, req_id: str, reason: str, detail: str) -> None:
-        self.why = (reason, detail)
 
 
 class _Rank:
@@ -64,18 +53,19 @@ class _Rank:
         self._registry: Registry | None = None
         self._pending: PendingDelta | None = None
         self._armed: list[int] | None = None
-        self._limit = 0.0
+        self._budget: StreamBudget | None = None
         self._admission: Admission | None = None
-        self._refusal = _Refusal()
 
     def judge(self, text: str) -> Verdict | None:
         """None for a spec without entries; MailboxError when the mailbox cannot be read."""
         admission = self._current()
-        self._refusal.why = None
-        if admission.admit(_PROBE, {SPEC_KEY: text}, 0) is not None:
-            admission.finish((_PROBE,))
-            return Verdict.applied()
-        return None if self._refusal.why is None else Verdict.unsteered(*self._refusal.why)
+        result = admission.admit(_PROBE, {SPEC_KEY: text}, 0)
+        if isinstance(result, Refused):
+            return Verdict.unsteered(result.reason, result.detail)
+        if result is None:
+            return None
+        admission.finish((_PROBE,))
+        return Verdict.applied()
 
     def _current(self) -> Admission:
         view = self._open()
@@ -104,7 +94,7 @@ class _Rank:
             self._view, self._key, self._bound, self._armed = view, None, {}, None
             self._registry = Registry(view.n_slots)
             self._pending = PendingDelta(view.hidden, dtype)
-            self._limit = entry_limit(dtype)
+            self._budget = StreamBudget.of(dtype)
         return self._view
 
     def _follow(self, view: MailboxView) -> None:
@@ -132,7 +122,7 @@ class _Rank:
             self._armed = armed
             projecting = HotwireConfig.from_env().projecting_layers(fp.n_layers)  # the engine's, by env
             self._admission = Admission(self._registry, armed=armed, entries=self.entries,
-                                        requests=1, limit=self._limit, counters=self._refusal,
+                                        requests=1, budget=self._budget, counters=None,
                                         projecting=projecting)
 
 
