@@ -1,5 +1,5 @@
-"""The DESIGN.md invariants on a real vLLM engine (CPU in CI), against a plugin-free run and a
-plain transformers forward with a hook.
+"""The invariants of docs/architecture.md on a real vLLM engine (CPU in CI), against a plugin-free
+run and a plain transformers forward with a hook.
 
 One steered engine and one plugin-free engine run the same batches (rounds); each test checks
 one invariant on those results. Batches use a 64-token budget with prompts up to ~190 tokens,
@@ -253,7 +253,8 @@ def test_a_follow_up_turn_never_reuses_blocks_steered_for_another_prompt_end(ste
 # -- the math, against transformers ------------------------------------------------------------
 
 def _hf_change(h, vec, e):
-    """What entry ``e`` adds to the stream ``h [T, H]`` (DESIGN.md's formula for its mode)."""
+    """What entry ``e`` adds to the stream ``h [T, H]``: its mode's formula (docs/architecture.md,
+    invariant 3)."""
     import torch
 
     v = torch.from_numpy(vec).to(h.dtype)
