@@ -31,7 +31,8 @@ from ``h·bank[row]`` and ``‖h‖`` otherwise); a gated entry counts as off un
 range of ``x.dtype`` and rounded once to it. A token with no entry on is not written: it keeps
 every bit (invariant 1), and the kernel reads neither its residual nor a bank row. A steered
 token never becomes non-finite (invariant 8): admission bounds what the whole spec can do to the
-stream (:mod:`.stream_bound`), and the saturation is the backstop. While :func:`.idle_graphs.skipping` the op does nothing.
+stream (:mod:`.stream_bound`), and the saturation is the backstop. While
+:func:`.idle_graphs.skipping` the op does nothing.
 
 The op takes the layer's own entries, not the whole tables and a layer index: an index would be
 a constant of the traced graph, making every armed layer's piece of it unique (inductor compiled

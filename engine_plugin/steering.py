@@ -5,7 +5,7 @@ At the end of armed layer ``L`` every token ``t`` of request ``r`` gets
     h_L[t] += sum_k  c_k(h_L[t]) * bank[slot[r, L, k]]     for k with lo <= pos[t] < hi
 
 on the residual stream, ``c_k`` being the entry's mode coefficient (:mod:`.interventions`:
-its scale for an add, from ``h·v`` and ``‖h‖`` for the projecting modes). The add is one opaque
+its scale for an add, from ``h·v`` and ``‖h‖`` for the projecting modes). The steering is one opaque
 in-place custom op (``hotwire::steer_``, :mod:`.steer_op`): torch.compile traces it without a
 graph break, inductor leaves it a kernel of its own, and the kernels around it are generated
 exactly as without the plugin. All state lives in buffers allocated once, before compile and
@@ -51,9 +51,10 @@ class SteeringTables(nn.Module):
         gate_counts [R+1, K]        int32         tokens each gate opened, per request row
         gate_decided [R+1, K]       int32         a prompt gate's decision, per request row
 
-    Both are row-major in the leading index, so admitting requests is one ``index_copy_`` of whole
-    rows and a batch change one ``index_select`` straight into ``tok_route``: the fewest launches
-    on the host path, which a host-bound served engine pays on most steps. A layer's slice
+    ``route`` and ``tok_route`` are row-major in the leading index, so admitting requests is one
+    ``index_copy_`` of whole rows and a batch change one ``index_select`` straight into
+    ``tok_route``: the fewest launches on the host path, which a host-bound served engine pays on
+    most steps. A layer's slice
     (:meth:`layer`) is a strided view; an entry's eight words are 32-byte aligned.
     """
 

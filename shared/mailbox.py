@@ -531,7 +531,8 @@ class ControlMailbox(_Mailbox):
 
 
 class MailboxView(_Mailbox):
-    """Read-only access, for processes that only look (the engine core's prefix-cache salt)."""
+    """Read-only access, for processes that only look (the engine core's prefix-cache salt, the API
+    server's judgement of specs)."""
 
     @classmethod
     def open(cls, path: str) -> "MailboxView":

@@ -9,7 +9,7 @@ Additions: several entries on one layer add up; ``scale`` is any float finite in
 table space; ``positions`` picks tokens: ``"all"`` (default), ``"prompt"``, ``"generated"``
 (same as ``decode_only``) or ``[start, end)`` absolute token positions; ``layers`` (a list, or
 ``"all"``: every armed layer) instead of ``layer`` applies one entry at many layers; ``mode`` says
-what the entry does to the stream (:data:`MODES`, default ``"add"``: the original wire format),
+what the entry does to the stream (``Mode``, default ``"add"``: the original wire format),
 ``lo``/``hi`` bound a ``clamp``; ``gate`` applies the entry only to tokens whose stream at an
 earlier (or the same) layer projects on a probe vector above a threshold. The formulas are in
 :mod:`hotwire.engine_plugin.interventions`.
@@ -56,7 +56,6 @@ _F32 = struct.Struct("<f")  # the op computes in float32: a scale is stored as i
 
 Positions = Union[Literal["all", "prompt", "generated"], tuple[int, int]]
 Mode = Literal["add", "norm", "ablate", "clamp"]
-MODES: tuple[str, ...] = ("add", "norm", "ablate", "clamp")
 PROJECTION_MODES = frozenset({"norm", "ablate", "clamp"})  # need the stream h, and v's direction
 MAX_PROJECTION_SCALE = 64.0  # |scale| of norm/ablate: past it an entry only saturates the stream
 
