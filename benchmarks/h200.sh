@@ -10,9 +10,11 @@
 #                                           # armed on all layers (graphs without the op for idle steps,
 #                                           # and without them: HOTWIRE_IDLE_GRAPHS=0), armed on two,
 #                                           # each mode (0.6B: + eager)
-#   bash benchmarks/h200.sh serve  OUTDIR [C...]  # host work per step; served tokens/s at C in flight
-#                                           # (default 64 256): plugin-free vs all armed, half steered;
-#                                           # TTFT and tokens/s with the control API pushing every second
+#   bash benchmarks/h200.sh serve  OUTDIR [C...]  # host work per step; a py-spy profile of both engine cores
+#                                           # at the largest C (needs py-spy on PATH); served tokens/s at
+#                                           # C in flight (default 64 256): plugin-free vs all armed, half
+#                                           # steered; TTFT and tokens/s with the control API pushing
+#                                           # every second
 #   bash benchmarks/h200.sh pair   OUTDIR   # two GPUs: TP=2 and PP=2 servers with runtime registration
 #                                           # (tests/test_e2e_parallel.py as deployed: bf16, graphs on)
 #   bash benchmarks/h200.sh all    OUTDIR   # the four stages one after another (0.6B, 4B, 8B; 64, 256 in
@@ -81,12 +83,19 @@ perf() {  # perf [SHAPE...]: one engine at a time (a neighbour's start-up distur
   done
 }
 
-serve() {  # serve [CONCURRENCY...]: host work, served tokens/s (plugin-free vs hotwire, steady-state windows,
-           # one call of ~8 min), then TTFT under registration pushes (~5 min)
+serve() {  # serve [CONCURRENCY...]: host work, the profile (~3 min), served tokens/s (plugin-free vs hotwire,
+           # steady-state windows, ~7 min), then TTFT under registration pushes (~5 min)
   local cs=("$@")
   [ ${#cs[@]} -eq 0 ] && cs=(64 256)
   job host python3 benchmarks/host_overhead.py --repeat 300 --out "$out/host-overhead.json"
   wait
+  if command -v py-spy >/dev/null; then
+    job profile python3 benchmarks/profile_serve.py --shape qwen3-0.6b --concurrency "${cs[-1]}" --seconds 15 \
+      --out "$out/profile-qwen3-0.6b-c${cs[-1]}.json"
+    wait
+  else
+    echo "no py-spy on PATH: no profile" >&2
+  fi
   job serve python3 benchmarks/serve_throughput.py --shape qwen3-0.6b --concurrency "${cs[@]}" --budget-s 420 \
     --out "$out/serve-qwen3-0.6b.json"
   wait

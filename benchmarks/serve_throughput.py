@@ -27,7 +27,8 @@ How:
   ``--gpu-memory-utilization 0.25`` and an explicit ``--kv-cache-memory-bytes`` (room for every
   request at the largest concurrency, so nothing is preempted).
 * Load: ``/v1/completions`` with random token-id prompts (128 tokens), ``max_tokens`` uniform in
-  64-192, ``ignore_eos``, greedy; every other request carries ``"vllm_xargs": {"hotwire": spec}``
+  64-192 (each slot's first request the rest of one under way: the load starts in its steady
+  state, ``serving.bodies``), ``ignore_eos``, greedy; every other request carries ``"vllm_xargs": {"hotwire": spec}``
   (``--steered-fraction``) with two entries, on layers n/3 and 2n/3, each its own vector and scale.
   A closed loop keeps exactly C requests in flight, spread over ``--client-processes`` processes
   (asyncio + httpx each). Every server of a round is sent the same request sequence (a plugin-free

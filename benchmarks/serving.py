@@ -347,18 +347,27 @@ def _init(stop) -> None:
 
 
 def bodies(seed: int, client: int, clients: int, vocab: int, layers: tuple[int, int], fraction: float,
-           prompt_len: int, max_tokens: tuple[int, int]):
+           prompt_len: int, max_tokens: tuple[int, int], stagger: int = 0):
     """Endless completion bodies of one load-generator process: random token-id prompts, ``max_tokens``
     uniform in the given range, every ``1/fraction``-th one steered by its own two-entry spec (the
     startup vectors, layers n/3 and 2n/3). The same arguments give the same sequence, so every server
-    of a round is sent the same requests, in the same order."""
+    of a round is sent the same requests, in the same order.
+
+    The first ``stagger`` bodies (one per slot of a closed loop) are the rest of a request already
+    under way: a length drawn in proportion to itself, then a uniform point of it (what a slot of a
+    long-running loop holds at a random moment). So the load starts in its steady state: requests
+    started together do not finish together, and a window after a short settle sees the batch
+    a long-running server sees, not a first wave's prefills and completions."""
     rng = np.random.default_rng([seed, client])
     l1, l2 = layers
+    lengths = np.arange(max_tokens[0], max_tokens[1] + 1)
     for k in itertools.count():
         g = k * clients + client  # index in the round's interleaved stream: picks the vectors
+        n = int(rng.integers(max_tokens[0], max_tokens[1] + 1))
+        if k < stagger:
+            n = int(rng.integers(1, rng.choice(lengths, p=lengths / lengths.sum()) + 1))
         body = {"model": SERVED, "prompt": rng.integers(10, vocab - 10, prompt_len).tolist(),
-                "max_tokens": int(rng.integers(max_tokens[0], max_tokens[1] + 1)), "temperature": 0.0,
-                "ignore_eos": True}
+                "max_tokens": n, "temperature": 0.0, "ignore_eos": True}
         if math.floor((k + 1) * fraction) > math.floor(k * fraction):
             spec = [{"id": f"v{g % N_VECTORS}", "layer": l1, "scale": 0.5 + (g % 17) / 16},
                     {"id": f"v{(g + 7) % N_VECTORS}", "layer": l2, "scale": -0.25 - (g % 13) / 16}]
@@ -370,7 +379,7 @@ async def _closed_loop(url: str, concurrency: int, make: dict, deadline: float) 
     """``concurrency`` requests in flight until the stop event (or ``deadline``, epoch s), then the ones
     in flight cancelled (the server aborts them). Every completed response must be 200 with
     ``usage.completion_tokens == max_tokens``."""
-    feed = bodies(**make)
+    feed = bodies(**make, stagger=concurrency)
     n = Counter()
     per_token: list[float] = []
 

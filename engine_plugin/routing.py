@@ -5,7 +5,8 @@ and this rank writes one request row ``[A, K, 8]`` of its route table for the la
 Per step: one vectorised ``np.repeat`` of request rows over the step's token counts; when it or
 the rows changed, one copy to ``tok_row`` and one gather of the rows into the per-token table
 the op reads (decode steps of a steady batch reuse it: positions, not the map, move the token
-windows).
+windows), and the set of layers the step's requests have entries on, for the op to skip the rest
+(:class:`.steer_op.StepState`).
 """
 
 from __future__ import annotations
@@ -36,8 +37,10 @@ class Router:
         self._dirty = False  # a request arrived or left since the last route()
         self._rows_written = False  # commit() changed request rows since the last per-token copy
         self._row_of: dict[str, int] = {}  # request row of each steered request, looked up per step
-        self._staged: list[tuple[int, np.ndarray]] = []
+        self._staged: list[tuple[int, list[tuple[int, int, tuple[int, ...]]]]] = []  # row, [(pos, k, words)]
         self._tok = np.zeros(0, dtype=np.int32)  # tok_row content on the device, up to its length
+        # [R+1, A]: the armed layers (table positions) each request row has an entry on, on this rank
+        self._row_layers = np.zeros(self.tables.route.shape[:2], dtype=bool)
 
     @property
     def active(self) -> dict:
@@ -54,14 +57,16 @@ class Router:
         admitted = self.admission.admit(req_id, extra_args, prompt_len)
         if not isinstance(admitted, Admitted):
             return
-        route = np.zeros(self.tables.route.shape[1:], dtype=np.int32)  # [A, K, 8]
         cut = self._gates_elsewhere(admitted.terms)
+        entries = []  # another stage's layer: that rank writes it
         for t in admitted.terms:
             pos = self.armed.position(t.layer)
-            if pos is not None and t.gate not in cut:  # another stage's layer: that rank writes it
-                route[pos, t.k] = (t.slot + 1, *t.words)
+            if pos is not None and t.gate not in cut:
+                entries.append((pos, t.k, (t.slot + 1, *t.words)))
         self._row_of[req_id] = admitted.row
-        self._staged.append((admitted.row, route))
+        self._row_layers[admitted.row] = False
+        self._row_layers[admitted.row, [pos for pos, _, _ in entries]] = True
+        self._staged.append((admitted.row, entries))
         self._dirty = True
 
     def _gates_elsewhere(self, terms: tuple[Term, ...]) -> set[int]:
@@ -90,11 +95,15 @@ class Router:
         (:meth:`route` does, before it gathers)."""
         if not self._staged:
             return
-        rows, route = zip(*self._staged)
+        route = np.zeros((len(self._staged), *self.tables.route.shape[1:]), dtype=np.int32)  # [n, A, K, 8]
+        for i, (_, entries) in enumerate(self._staged):
+            for pos, k, words in entries:
+                route[i, pos, k] = words
+        rows = [row for row, _ in self._staged]
         self._staged.clear()
         dev = self.tables.route.device
         idx = to_device(np.array(rows, dtype=np.int64), dev)
-        self.tables.route.index_copy_(0, idx, to_device(np.stack(route), dev))
+        self.tables.route.index_copy_(0, idx, to_device(route, dev))
         self.tables.gate_decided.index_fill_(0, idx, 0)  # a new request's prompt gates start closed
         self._rows_written = True
 
@@ -110,11 +119,14 @@ class Router:
         if self._staged:
             self.commit()
         self._ids, self._counts, self._dirty = list(req_ids), np.array(num_tokens), False
-        if self._row_of:
-            rows = np.fromiter(map(self._row_of.get, req_ids, repeat(0)), np.int32, len(req_ids))
-            tok = np.repeat(rows, num_tokens) if rows.any() else self._tok[:0]
+        rows = (np.fromiter(map(self._row_of.get, req_ids, repeat(0)), np.int32, len(req_ids)) if self._row_of
+                else None)
+        if rows is not None and rows.any():
+            tok = np.repeat(rows, num_tokens)
+            self.tables.step.route_layers(np.flatnonzero(self._row_layers[rows].any(0)).tolist())
         else:
             tok = self._tok[:0]
+            self.tables.step.route_layers(())
         if not self._rows_written and tok.shape == self._tok.shape and np.array_equal(tok, self._tok):
             return
         n = max(len(tok), len(self._tok))  # the last step's tokens past this one's get the null row

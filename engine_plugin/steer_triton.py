@@ -16,6 +16,8 @@ terms are clamped to float32's finite range and its sum saturated to the output 
 
 from __future__ import annotations
 
+import functools
+
 import torch
 import triton
 import triton.language as tl
@@ -109,6 +111,14 @@ def _steer(x_ptr, res_ptr, pos_ptr, bank_ptr, route_ptr, route_stride, gates_ptr
                 tl.store(x_ptr + t * H + cols, acc.to(x_ptr.dtype.element_ty), mask=cols < H)
 
 
+@functools.cache
+def _constants(dtype: torch.dtype, h: int, k: int, has_res: bool, gates: int | None) -> dict:
+    """The kernel's compile-time arguments for one layer shape (looked up, not rebuilt, per call)."""
+    return dict(H=h, K=k, KP=triton.next_power_of_2(k), G=gates or 1, BLOCK=min(1024, triton.next_power_of_2(h)),
+                HAS_RES=has_res, HAS_GATES=gates is not None, TOP=torch.finfo(dtype).max,
+                BIG=torch.finfo(torch.float32).max, num_warps=4)
+
+
 def launch(x: torch.Tensor, residual: torch.Tensor | None, positions: torch.Tensor, bank: torch.Tensor,
            route: torch.Tensor, scratch=None) -> None:
     """Steer ``x`` in place."""
@@ -126,11 +136,7 @@ def launch(x: torch.Tensor, residual: torch.Tensor | None, positions: torch.Tens
     residual = residual.contiguous() if residual is not None else None
     if route.stride(1) != iv.WORDS or route.stride(2) != 1:
         route = route.contiguous()
-    k = route.shape[1]
     gates, tok_row, counts, decided = scratch if scratch is not None else (route,) * 4  # unread without gates
-    block = min(1024, triton.next_power_of_2(h))
     _steer[(n,)](x, x if residual is None else residual, positions, bank, route, route.stride(0), gates, tok_row,
-                 counts, decided, H=h, K=k, KP=triton.next_power_of_2(k),
-                 G=gates.shape[-1] if scratch is not None else 1, BLOCK=block, HAS_RES=residual is not None,
-                 HAS_GATES=scratch is not None, TOP=torch.finfo(x.dtype).max, BIG=torch.finfo(torch.float32).max,
-                 num_warps=4)
+                 counts, decided, **_constants(x.dtype, h, route.shape[1], residual is not None,
+                                               None if scratch is None else gates.shape[-1]))

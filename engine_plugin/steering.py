@@ -30,7 +30,7 @@ import torch
 from torch import nn
 
 from .interventions import WORDS
-from .steer_op import GateScratch, attach_scratch, steer_
+from .steer_op import GateScratch, StepState, attach, steer_
 
 _LAYER_INDEX = re.compile(r"(?:^|\.)layers\.(\d+)$")
 
@@ -72,7 +72,9 @@ class SteeringTables(nn.Module):
         buf("gates", max_tokens, entries)
         buf("gate_counts", requests + 1, entries)
         buf("gate_decided", requests + 1, entries)
-        attach_scratch(self.bank, GateScratch(self.gates, self.tok_row, self.gate_counts, self.gate_decided))
+        self.step = StepState(GateScratch(self.gates, self.tok_row, self.gate_counts, self.gate_decided),
+                              [self.layer(pos) for pos in range(armed)])
+        attach(self.bank, self.step)
 
     @property
     def nbytes(self) -> int:

@@ -104,6 +104,25 @@ def test_route_maps_tokens_to_rows_and_clears_what_it_no_longer_uses(rig):
     assert tables.tok_route.abs().sum() == 0
 
 
+def test_route_names_the_layers_the_steps_requests_have_entries_on(rig):
+    """What the op skips the other layers by, in steps run without a CUDA graph (ARMED = (1, 3))."""
+    tables, router = rig.tables, rig.router
+    live = lambda: sorted(i for i in range(len(rig.router.armed.layers))  # noqa: E731
+                          if tables.layer(i).data_ptr() in tables.step.live)
+    assert live() == [0, 1]  # before any step: every layer (capture and warm-up passes)
+    rig.control.write(0, "v", ANY_LAYER, np.ones(H, np.float32), gen=1)
+    rig.step(new=[("one", _spec({"id": "v", "layer": 3}), 3), ("two", _spec({"id": "v", "layer": 1}), 3)])
+    router.route(["one", "u"], np.array([1, 1]))
+    assert live() == [1]
+    router.route(["one", "two"], np.array([1, 1]))
+    assert live() == [0, 1]
+    rig.step(finished=["one"], new=[("three", _spec({"id": "v", "layer": 1}), 3)])  # row 'one' reused
+    router.route(["three", "u"], np.array([1, 1]))
+    assert live() == [0]
+    router.route(["u"], np.array([2]))
+    assert live() == []
+
+
 def test_reused_row_with_the_same_token_map_is_copied_again(rig):
     """A request leaves and the next one takes its row: same token map, new row contents."""
     tables, router = rig.tables, rig.router

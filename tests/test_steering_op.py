@@ -509,10 +509,30 @@ def test_the_op_finds_its_gate_scratch_through_the_bank():
     x, res, bank, route0, route1, _ = _gated_case()
     t.bank[: bank.shape[0]] = bank
     t.tok_row[:8] = 2
-    out = op(x, res, torch.arange(8), t.bank, route0)
+    t.tok_route[:8, 0] = route0
+    out = op(x, res, torch.arange(8), t.bank, t.layer(0))
     opened = (x + res) @ (bank[2] / bank[2].norm()) > 0.1
     assert torch.equal(t.gates[:8, 0].bool(), opened) and t.gate_counts[2, 0] == opened.sum()
     assert not torch.equal(out, x)
+
+
+def test_the_op_runs_only_on_the_layers_the_step_has_entries_on():
+    """A step run without a CUDA graph calls the op on every armed layer; on a layer no request of
+    the step has an entry on it returns before any launch. Until the first routed step every layer
+    runs (CUDA-graph capture and warm-up passes)."""
+    t = _tables(armed=2)
+    t.route[1, 0, 0] = _entry(1, 0, NO_END, 2.0)
+    t.route[1, 1, 0] = _entry(2, 0, NO_END, -1.0)
+    t.tok_row[:4] = 1
+    t.load_tokens(4)
+    x, pos = torch.randn(4, H), torch.arange(4)
+    both = [op(x, None, pos, t.bank, t.layer(i)) for i in (0, 1)]
+    assert not torch.equal(both[0], x) and not torch.equal(both[1], x)
+    t.step.route_layers([1])
+    assert torch.equal(op(x, None, pos, t.bank, t.layer(0)), x)  # not live: untouched
+    assert torch.equal(op(x, None, pos, t.bank, t.layer(1)), both[1])
+    t.step.route_layers([])
+    assert torch.equal(op(x, None, pos, t.bank, t.layer(1)), x)
 
 
 def test_the_op_writes_steered_tokens_in_place_and_leaves_the_rest_alone():

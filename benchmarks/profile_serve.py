@@ -1,0 +1,209 @@
+"""Where a served engine's host time goes: py-spy on each server's engine core under the same load.
+
+Why: at high concurrency a served engine is host-bound (its engine-core process is 100 % busy),
+and hotwire's own counters see only its hooks. A sampling profile of the engine core's step thread,
+hotwire's server beside a plugin-free one under the same closed-loop load, shows every frame the
+step pays for: the hooks, the op's dispatch and launch in steps run without a CUDA graph, and
+what vLLM itself does more or less often.
+
+How: servers and load as in ``serve_throughput.py`` (``serving.py``), one server under load at a
+time: C requests in flight, ``--settle-s``, then ``py-spy record --nonblocking --threads --format
+raw`` on the server's ``VLLM::EngineCore`` process for ``--seconds`` at ``--rate`` Hz, with the
+server's step count read from ``/metrics`` around it. Summary per server, for the busiest thread
+(the step thread): its samples, engine steps, samples per step, and its samples by owner: a
+sample is hotwire's when the innermost frame of hotwire's or vLLM's code in it is hotwire's (then
+filed by hotwire's module: the op, routing, admission, the hooks, the core's sync, the salt), and
+vLLM's samples by group (the compiled model, the scheduler, output processing, ...). The raw stacks are written beside the JSON
+(``<out>.<server>.txt``, one stack and its count per line) for a flame graph (``flamegraph.pl``,
+speedscope).
+
+    python benchmarks/profile_serve.py --shape qwen3-0.6b --concurrency 256 --out /tmp/profile.json
+
+Needs ``py-spy`` (a PyPI wheel; on the GPU machine carry it, see ``benchmarks/h200.sh``) and a GPU;
+``--smoke`` checks the script end to end on CPU (tiny model, eager).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import re
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from collections import Counter
+from pathlib import Path
+
+import httpx
+import psutil
+
+from hotwire.tools.tiny_model import benchmark_model, steered_layers
+from serving import (SERVER_CORES, Load, Server, add_common_args, cpu_plan, engine_args, print_logs, start_run,
+                     stop_all, wait_ready, write_vectors)
+
+# A sample is hotwire's when the innermost frame of hotwire's or vLLM's own code in its stack is
+# hotwire's (hotwire's hooks wrap vLLM's methods, so a wrapper frame alone says nothing); it is
+# then filed by that frame's module, and ``op_launch`` holds the op's samples inside Triton.
+HOTWIRE_FILES = re.compile(r"(engine_plugin|hotwire/shared|/shared)/(\w+)\.py")
+HOTWIRE_PARTS = {"steer_op": "op", "steer_triton": "op", "routing": "routing", "admission": "admission",
+                 "stream_bound": "admission", "interventions": "admission", "spec": "admission",
+                 "engine": "rank_hooks", "hooks": "rank_hooks", "core_sync": "core_sync", "delta": "core_sync",
+                 "salts": "salts", "mailbox": "salts"}
+# vLLM's own samples, by a frame anywhere in the stack (a sample may count in several)
+VLLM_GROUPS = {
+    "compiled_model": ("torchinductor", "Runner.call"),
+    "scheduler": ("vllm/v1/core/sched/",),
+    "update_from_output": ("update_from_output",),
+    "prepare_inputs": ("prepare_inputs",),
+    "sampler": ("/sample/",),
+}
+GPU_MEMORY_UTILIZATION = 0.25
+
+
+def engine_core(server: Server) -> psutil.Process:
+    """The server's engine-core process (vLLM names it ``VLLM::EngineCore``)."""
+    root = psutil.Process(server.proc.pid)
+    for p in [root, *root.children(recursive=True)]:
+        try:
+            if "EngineCore" in p.name() or any("EngineCore" in part for part in p.cmdline()):
+                return p
+        except psutil.NoSuchProcess:
+            continue
+    raise SystemExit(f"{server.name}: no EngineCore process under pid {root.pid}")
+
+
+def record(pyspy: str, pid: int, seconds: float, rate: int, out: Path) -> None:
+    cmd = [pyspy, "record", "--pid", str(pid), "--duration", str(int(seconds)), "--rate", str(rate),
+           "--nonblocking", "--threads", "--format", "raw", "--output", str(out)]
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=seconds + 60)
+    if proc.returncode != 0 or not out.exists():
+        raise SystemExit(f"py-spy failed ({proc.returncode}): {proc.stderr[-2000:]}")
+
+
+def _owner(frames: list[str]) -> tuple[str, str | None]:
+    """("hotwire", its part) or ("vllm", None) or ("other", None), by the innermost frame of either."""
+    for frame in reversed(frames):
+        m = HOTWIRE_FILES.search(frame)
+        if m:
+            return "hotwire", HOTWIRE_PARTS.get(m.group(2), "other")
+        if "vllm/" in frame:
+            return "vllm", None
+    return "other", None
+
+
+def summarize(raw: Path, steps: int) -> dict:
+    """The busiest thread's samples (the step thread): hotwire's by part, vLLM's by group."""
+    threads: Counter[str] = Counter()
+    stacks: list[tuple[str, list[str], int]] = []
+    for line in raw.read_text(errors="replace").splitlines():
+        stack, _, count = line.rpartition(" ")
+        if not stack or not count.isdigit():
+            continue
+        frames = stack.split(";")
+        threads[frames[0]] += int(count)
+        stacks.append((frames[0], frames[1:], int(count)))
+    if not threads:
+        raise SystemExit(f"{raw}: no samples")
+    main_thread, total = threads.most_common(1)[0]
+    groups = Counter()
+    for thread, frames, count in stacks:
+        if thread != main_thread:
+            continue
+        owner, part = _owner(frames)
+        groups[owner] += count
+        if owner == "hotwire":
+            groups[f"hotwire_{part}"] += count
+            if part == "op" and any("triton/" in f for f in frames):
+                groups["hotwire_op_launch"] += count
+        elif owner == "vllm":
+            for name, needles in VLLM_GROUPS.items():
+                if any(n in f for f in frames for n in needles):
+                    groups[name] += count
+    per_step = max(steps, 1)
+    return {"thread": main_thread, "samples": total, "steps": steps, "samples_per_step": round(total / per_step, 4),
+            "groups": {name: {"samples": n, "share": round(n / total, 4), "per_step": round(n / per_step, 4)}
+                       for name, n in sorted(groups.items())},
+            "other_threads": dict(threads.most_common()[1:6])}
+
+
+def main() -> None:
+    t0 = time.monotonic()
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--concurrency", type=int, default=256)
+    ap.add_argument("--settle-s", type=float, default=4.0)
+    ap.add_argument("--seconds", type=float, default=15.0, help="profile length per server (default 15)")
+    ap.add_argument("--rate", type=int, default=250, help="py-spy samples per second (default 250)")
+    add_common_args(ap)
+    args = ap.parse_args()
+    gpu = start_run(args.smoke)
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    pyspy = shutil.which("py-spy")
+    if pyspy is None:
+        raise SystemExit("no py-spy on PATH (pip install py-spy)")
+    prompt_len, max_tokens = (16, 8) if args.smoke else (128, 128)
+    work = Path(tempfile.mkdtemp(prefix="hotwire-profile-"))
+    model, shape_name = benchmark_model(work, args.shape, args.smoke)
+    shape = json.loads((model / "config.json").read_text())
+    write_vectors(work / "vectors", shape["hidden_size"])
+    engine = engine_args(shape, args.smoke, args.concurrency, prompt_len, max_tokens, GPU_MEMORY_UTILIZATION)
+    plan = None if args.smoke else cpu_plan([SERVER_CORES] * 2, args.client_processes)
+    if plan is not None:
+        os.sched_setaffinity(0, plan[1])
+    servers = [Server(name, work, model, engine, plugin=plugin, vectors=work / "vectors",
+                      cpus=plan and plan[0][i]) for i, (name, plugin) in enumerate((("plugin_free", False),
+                                                                                       ("hotwire", True)))]
+    layers = steered_layers(shape["num_hidden_layers"])
+    make = dict(vocab=shape["vocab_size"], layers=layers, fraction=args.steered_fraction, prompt_len=prompt_len,
+                max_tokens=(max_tokens // 2, max_tokens + max_tokens // 2), seed=7)
+    result = {"command": " ".join([Path(sys.executable).name] + sys.argv), "date": time.strftime("%Y-%m-%d %H:%M"),
+              "gpu": gpu or "cpu", "shape": shape_name, "engine": engine, "concurrency": args.concurrency,
+              "steered_fraction": args.steered_fraction, "seconds": args.seconds, "rate": args.rate, "servers": {}}
+    load = Load(args.client_processes)
+    client = httpx.Client(timeout=30)
+    try:
+        for s in servers:
+            s.start()
+        result["startup_s"] = wait_ready(servers, t0)
+        for s in servers:
+            load.start(s.url, args.concurrency, make, time.time() + args.settle_s + args.seconds + 120)
+            load.wait(time.monotonic() + args.settle_s)
+            before = s.metrics(client)
+            raw = args.out.with_suffix(f".{s.name}.txt")
+            record(pyspy, engine_core(s).pid, args.seconds, args.rate, raw)
+            after = s.metrics(client)
+            load.stop()
+            s.wait_idle(client)
+            wall = after["t"] - before["t"]
+            summary = summarize(raw, int(after["steps"] - before["steps"]))
+            summary["tokens_per_s"] = round((after["generation_tokens"] - before["generation_tokens"]) / wall, 1)
+            summary["step_ms"] = round(1000 * wall / max(summary["steps"], 1), 3)
+            result["servers"][s.name] = summary
+            print(f"{s.name}: {summary['tokens_per_s']:.0f} tok/s, {summary['step_ms']:.2f} ms/step, "
+                  f"{summary['samples_per_step']:.2f} samples/step; hotwire "
+                  f"{summary['groups']['hotwire']['share']:.1%}", flush=True)
+    except BaseException:
+        print_logs(servers)
+        raise
+    finally:
+        client.close()
+        load.shutdown()
+        stop_all(servers)
+    free, hot = result["servers"]["plugin_free"], result["servers"]["hotwire"]
+    names = sorted(set(free["groups"]) | set(hot["groups"]))
+
+    def per_step(side: dict, name: str) -> float:
+        return side["groups"].get(name, {}).get("per_step", 0.0)
+
+    result["per_step"] = {name: [per_step(free, name), per_step(hot, name)] for name in names}
+    args.out.write_text(json.dumps(result, indent=1))
+    print(f"\nsamples per engine step at {args.rate} Hz, plugin-free / hotwire / difference "
+          f"(all: {free['samples_per_step']:.3f} / {hot['samples_per_step']:.3f}):")
+    for name, (a, b) in result["per_step"].items():
+        print(f"  {name:22s} {a:8.3f} {b:8.3f} {b - a:+8.3f}")
+
+
+if __name__ == "__main__":
+    main()
