@@ -31,7 +31,7 @@ group (``HOTWIRE_MAILBOX_GROUP``): the control API must run as the engine's user
 group. Whoever can replace the file can feed either side, so neither trusts the directory blindly.
 The engine makes a missing directory ``0700`` (``0750`` and the group's with a group) whatever the
 umask, refuses one that another user owns, gives one of its own that every user can write the
-sticky bit (as kubelet's ``emptyDir`` volumes are made: no one else can then rename or remove its
+sticky bit (a kubelet ``emptyDir`` may be ``0777``: no one else can then rename or remove its
 files), and writes the file under a random name opened with ``O_EXCL | O_NOFOLLOW`` before
 renaming it into place. Every reader opens the file with ``O_NOFOLLOW`` and refuses anything but
 a regular file that is owned by its user or root in a directory its user or root owns, or, for a
