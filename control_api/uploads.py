@@ -11,7 +11,6 @@ answer while large uploads are decoded.
 from __future__ import annotations
 
 import json
-import math
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
@@ -27,6 +26,7 @@ from starlette.formparsers import MultiPartException
 from starlette.requests import Request
 from starlette.types import Message, Scope
 
+from hotwire.shared.metadata import MAX_METADATA_DEPTH, metadata_problem
 from hotwire.shared.spec import ID_PATTERN, valid_id
 from hotwire.shared.wire import DTYPE_NAMES, decode_base64, dtype_code, read_safetensors
 
@@ -34,7 +34,6 @@ from .errors import ApiError, describe_validation
 
 MAX_CONCURRENT_UPLOADS = 2  # each costs up to about 4x the upload limit in memory while decoded
 UPLOAD_WAIT_S = 30.0  # how long an upload waits for its turn before a 503
-MAX_METADATA_DEPTH = 32  # nesting of metadata objects and lists
 _REPLAY_CHUNK = 2**20  # multipart bodies are parsed this many bytes per event-loop turn
 
 
@@ -84,18 +83,10 @@ class UploadOptions(BaseModel):
     @field_validator("metadata")
     @classmethod
     def _plain_json(cls, value: dict[str, Any]) -> dict[str, Any]:
-        """Refuse what would not come back as it went in: NaN and infinities (JSON has none; they
-        would read back as null), and nesting past what can be stored and served."""
-        pending: list[tuple[Any, int]] = [(value, 1)]
-        while pending:
-            item, depth = pending.pop()
-            if isinstance(item, float) and not math.isfinite(item):
-                raise ValueError(f"holds a non-finite number ({item}), which JSON cannot carry")
-            if isinstance(item, (dict, list)):
-                if depth > MAX_METADATA_DEPTH:
-                    raise ValueError(f"nests deeper than {MAX_METADATA_DEPTH} levels")
-                children = item.values() if isinstance(item, dict) else item
-                pending.extend((child, depth + 1) for child in children)
+        """Refuse what would not come back as it went in (:func:`metadata_problem`)."""
+        problem = metadata_problem(value)
+        if problem is not None:
+            raise ValueError(problem)
         return value
 
 

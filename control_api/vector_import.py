@@ -3,9 +3,11 @@
 Reads ``PATH`` with :mod:`hotwire.shared.importers` (a brainscope export, a hidden-directions
 dictionary, a GGUF control vector, a directory of vector files), then uploads every vector (with
 its source's metadata) and stores the preset each source implies, named after its vector. All
-of ``PATH`` is read and checked before anything is sent: one bad item and nothing is imported
-(exit 7, every problem listed). Uploads are in order, vectors first; a refused one stops the
-import there with the server's error (what was sent before it stays).
+of ``PATH`` is read and checked before anything is sent, as the control API would check it: a
+bad item (a file, its manifest entry, its metadata) is named and skipped whole, vector and
+preset, and the others are imported (exit 7 once they are); a source that cannot be read at
+all, or has no good item, imports nothing. Uploads are in order, vectors first; a refused one
+stops the import there with the server's error (what was sent before it stays).
 """
 
 from __future__ import annotations
@@ -39,17 +41,21 @@ def configure(actions: argparse._SubParsersAction) -> None:
 
 
 def read_source(path: Path, n_layers: int | None, id_prefix: str) -> ImportResult:
-    """Everything at ``path``, or ``file_error`` listing every problem."""
+    """Every good item at ``path``, and the bad ones' problems; ``file_error`` when none is
+    good (listing every problem)."""
     try:
         result = import_path(path, n_layers=n_layers, id_prefix=id_prefix)
     except VectorImportError as e:
         raise ControlApiError(0, "file_error", str(e)) from None
-    if result.problems:
-        raise ControlApiError(0, "file_error", f"nothing imported, {len(result.problems)} "
-                              "problem(s):\n  " + "\n  ".join(result.problems))
+    if not result.vectors and result.problems:
+        raise ControlApiError(0, "file_error", f"nothing imported, {_listed(result.problems)}")
     if not result.vectors:
         raise ControlApiError(0, "file_error", f"{path}: no vectors found")
     return result
+
+
+def _listed(problems: list[str]) -> str:
+    return f"{len(problems)} problem(s):\n  " + "\n  ".join(problems)
 
 
 def engine_layers(client: ControlClient) -> int | None:
@@ -81,3 +87,5 @@ def _import(client: ControlClient, args: argparse.Namespace) -> None:
             preset = client.store_preset(vector.id, vector.preset.entries, replace=args.replace,
                                          description=vector.preset.description)
             print(f"preset {preset['name']}: {preset['description']}")
+    if result.problems:
+        raise ControlApiError(0, "file_error", f"imported the rest; skipped {_listed(result.problems)}")

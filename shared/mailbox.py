@@ -26,8 +26,22 @@ entry and its row, makes it even again, then bumps ``header.target_gen``. A read
 and row and keeps the copy only if ``seq`` was even and unchanged around the copy, so it never
 applies a half-written row. Each ``pwrite`` is a system call, so the writes are seen in order.
 
-Permissions: the file is created ``0660`` (owner and group), optionally chowned to a group
-(``HOTWIRE_MAILBOX_GROUP``): the control API must run as the engine's user or in that group.
+Permissions and trust: the file is created ``0660`` (owner and group), optionally chowned to a
+group (``HOTWIRE_MAILBOX_GROUP``): the control API must run as the engine's user or in that
+group. Whoever can replace the file can feed either side, so neither trusts the directory blindly.
+The engine makes a missing directory ``0700`` (``0750`` and the group's with a group) whatever the
+umask, refuses one that another user owns, gives one of its own that every user can write the
+sticky bit (a kubelet ``emptyDir`` may be ``0777``: no one else can then rename or remove its
+files), and writes the file under a random name opened with ``O_EXCL | O_NOFOLLOW`` before
+renaming it into place. Every reader opens the file with ``O_NOFOLLOW`` and refuses anything but
+a regular file that is owned by its user or root in a directory its user or root owns, or, for a
+reader in the engine's group, owned by the directory's owner (the engine, which made it).
+
+One engine per file: :meth:`EngineMailbox.create` refuses a path whose mailbox another engine
+still beats (a heartbeat under :data:`LIVE_S` old, written by a process other than this one), so
+two engines on one host left on the default path fail loudly instead of sharing a slot table. The
+heartbeat, not the pid, says who is alive: engines in containers sharing the directory may have
+the same pid (each its namespace's 1), and a pid seen from another namespace proves nothing.
 
 Slot life cycle (invariant 6, two-phase eviction)::
 
@@ -41,8 +55,11 @@ that could still read it.
 
 from __future__ import annotations
 
+import contextlib
+import errno
 import os
 import secrets
+import stat
 import time
 from dataclasses import dataclass
 
@@ -118,6 +135,9 @@ assert HEADER.itemsize <= HEADER_BYTES and DIRECTORY.itemsize == 96 and ENGINE.i
 MAX_SLOTS, MAX_HIDDEN = 1 << 20, 1 << 16  # bounds on what a header may claim
 STUCK_S = 1.0  # a seqlock held odd this long is a corrupt entry, not a write in progress
 FILE_MODE = 0o660
+DIR_MODE, GROUP_DIR_MODE = 0o700, 0o750  # a mailbox directory the engine makes: its own, or its group's too
+LIVE_S = 5.0  # a mailbox beaten this recently has a live engine (it beats every 0.25 s)
+_OWN_EPOCHS: set[int] = set()  # the epochs of the mailboxes this process created: its own to replace
 
 
 class MailboxError(RuntimeError):
@@ -191,6 +211,148 @@ def entry_problem(e: SlotEntry, n_layers: int, dtype: str) -> str | None:
         if np.abs(e.row).max(initial=0.0) > dtype_max(dtype):
             return f"row overflows the model dtype {dtype}"
     return None
+
+
+def _open_flags(writable: bool) -> int:
+    """Never through a link; ``O_NONBLOCK``: a FIFO planted at the path cannot hang the open."""
+    return ((os.O_RDWR if writable else os.O_RDONLY) | os.O_NOFOLLOW | os.O_NONBLOCK
+            | os.O_CLOEXEC)
+
+
+def _everyone_writes(st: os.stat_result) -> bool:
+    """Any user can rename or remove entries of this directory (world-writable, not sticky)."""
+    return bool(st.st_mode & stat.S_IWOTH) and not st.st_mode & stat.S_ISVTX
+
+
+def _untrusted(file: os.stat_result, directory: os.stat_result) -> str | None:
+    """Why a reader must not take this file for its engine's mailbox, or None.
+
+    Trusted: a regular file nobody else may write, in a directory nobody else may rearrange,
+    owned by this process's user or root (in a directory one of those owns) or, for a reader that
+    reaches it through its group, by the user who owns the directory: the engine made both.
+    """
+    me = os.geteuid()
+    if not stat.S_ISREG(file.st_mode):
+        return "not a regular file"
+    if _everyone_writes(directory):
+        return "its directory is writable by every user and not sticky, so anyone could have put it there"
+    if file.st_mode & stat.S_IWOTH:
+        return "writable by every user"
+    if file.st_uid in (me, 0):
+        if directory.st_uid not in (me, 0):
+            return f"its directory belongs to uid {directory.st_uid}, who could replace it"
+    elif file.st_uid != directory.st_uid:
+        return (f"owned by uid {file.st_uid}, who does not own its directory (uid "
+                f"{directory.st_uid}): a file any user could have put there")
+    elif me != 0 and file.st_gid not in {os.getegid(), *os.getgroups()}:
+        return f"owned by uid {file.st_uid} and not shared with this user's groups"
+    return None
+
+
+def _engine_dir(directory: str, group: int | None) -> int:
+    """A descriptor of the engine's mailbox directory: made when missing (its mode set whatever
+    the umask), else checked; :class:`MailboxError` when another user could rearrange it."""
+    mode = DIR_MODE if group is None else GROUP_DIR_MODE
+    parent = os.path.dirname(directory)
+    if not os.path.isdir(parent):
+        _make_parents(parent)
+    try:
+        os.mkdir(directory, mode)
+        made = True
+    except FileExistsError:
+        made = False
+    fd = os.open(directory, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+    try:
+        if made:
+            if group is not None:
+                os.fchown(fd, -1, group)
+            os.fchmod(fd, mode)
+        else:
+            _check_engine_dir(fd, directory)
+    except BaseException:
+        os.close(fd)
+        raise
+    return fd
+
+
+def _make_parents(directory: str) -> None:
+    """``directory`` and what is missing above it, each ``0755`` whatever the umask."""
+    parent = os.path.dirname(directory)
+    if not os.path.isdir(parent):
+        _make_parents(parent)
+    try:
+        os.mkdir(directory, 0o755)
+    except FileExistsError:
+        return
+    os.chmod(directory, 0o755)
+
+
+def _check_engine_dir(fd: int, directory: str) -> None:
+    """An existing directory: this user's or root's; one of this user's that every user may write
+    gets the sticky bit, so no one else can rename or remove the engine's files in it."""
+    st, me = os.fstat(fd), os.geteuid()
+    if st.st_uid not in (me, 0):
+        raise MailboxError(f"the mailbox directory {directory} belongs to uid {st.st_uid}, not to this "
+                           f"engine's user (uid {me}), and its owner could replace the mailbox: remove "
+                           "it or set HOTWIRE_MAILBOX to a path in a directory of this user's")
+    if _everyone_writes(st):
+        if st.st_uid != me:
+            raise MailboxError(f"the mailbox directory {directory} is writable by every user and not "
+                               "sticky: set HOTWIRE_MAILBOX to a path in a directory of this user's")
+        os.fchmod(fd, stat.S_IMODE(st.st_mode) | stat.S_ISVTX)
+
+
+def _live_engine(dir_fd: int, name: str) -> str | None:
+    """Who else is beating the mailbox ``name`` (``"pid N, heartbeat S s ago"``), or None: no
+    file, not a mailbox, this process's own, or a heartbeat older than :data:`LIVE_S`."""
+    try:
+        fd = os.open(name, _open_flags(writable=False), dir_fd=dir_fd)
+    except OSError:  # none, a link, unreadable: replaced (or the rename says why not)
+        return None
+    try:
+        raw = os.pread(fd, HEADER.itemsize, 0) if stat.S_ISREG(os.fstat(fd).st_mode) else b""
+    finally:
+        os.close(fd)
+    if len(raw) < HEADER.itemsize:
+        return None
+    head = np.frombuffer(raw, dtype=HEADER)[0]
+    if bytes(head["magic"]) != MAGIC:
+        return None
+    pid, epoch = int(head["engine_pid"]), int(head["epoch"])
+    if pid == os.getpid() and epoch in _OWN_EPOCHS:
+        return None
+    age = (time.time_ns() - int(head["heartbeat_ns"])) / 1e9
+    return f"pid {pid}, heartbeat {max(age, 0.0):.1f} s ago" if -LIVE_S < age < LIVE_S else None
+
+
+def _write_new(dir_fd: int, name: str, fp: Fingerprint, n_slots: int, total: int,
+               group: int | None) -> tuple[int, int]:
+    """A complete mailbox renamed onto ``name``: ``(its descriptor, its epoch)``. Written first
+    under a random name, created exclusively and never through a link, so nothing planted in the
+    directory beforehand is opened."""
+    tmp = f"{name}.{secrets.token_hex(8)}.tmp"
+    fd = os.open(tmp, os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600,
+                 dir_fd=dir_fd)
+    try:
+        os.ftruncate(fd, total)
+        head = np.zeros(1, dtype=HEADER)
+        head["magic"], head["layout"], head["n_slots"] = MAGIC, LAYOUT, n_slots
+        head["hidden"], head["n_layers"] = fp.hidden, fp.n_layers
+        head["dtype"], head["model"] = fp.dtype.encode(), fp.model.encode()[:256]
+        head["epoch"] = epoch = secrets.randbits(63) | 1
+        head["engine_pid"] = os.getpid()
+        head["heartbeat_ns"] = time.time_ns()
+        os.pwrite(fd, head.tobytes(), 0)
+        if group is not None:
+            os.fchown(fd, -1, group)
+        os.fchmod(fd, FILE_MODE)  # the control API: the engine's user, or its group
+        os.replace(tmp, name, src_dir_fd=dir_fd, dst_dir_fd=dir_fd)
+    except BaseException:
+        os.close(fd)
+        with contextlib.suppress(OSError):
+            os.unlink(tmp, dir_fd=dir_fd)
+        raise
+    return fd, epoch
 
 
 class _Mailbox:
@@ -310,15 +472,31 @@ class _Mailbox:
     @classmethod
     def _at(cls, path: str, writable: bool):
         """Open the mailbox at ``path`` (MailboxError when there is none, or it is not one)."""
+        missing = f"no mailbox at {path}: is the engine up with hotwire loaded?"
+        directory, name = os.path.split(os.path.abspath(path))
         try:
-            fd = os.open(path, os.O_RDWR if writable else os.O_RDONLY)
+            dir_fd = os.open(directory, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
         except FileNotFoundError:
-            raise MailboxError(f"no mailbox at {path}: is the engine up with hotwire loaded?") from None
+            raise MailboxError(missing) from None
         try:
-            return cls(path, fd)
-        except BaseException:
-            os.close(fd)
-            raise
+            try:
+                fd = os.open(name, _open_flags(writable), dir_fd=dir_fd)
+            except FileNotFoundError:
+                raise MailboxError(missing) from None
+            except OSError as e:
+                if e.errno == errno.ELOOP:
+                    raise MailboxError(f"{path} is a symbolic link, not the engine's mailbox; refused") from None
+                raise
+            try:
+                problem = _untrusted(os.fstat(fd), os.fstat(dir_fd))
+                if problem is not None:
+                    raise MailboxError(f"{path} is not trusted as the engine's mailbox: {problem}")
+                return cls(path, fd)
+            except BaseException:
+                os.close(fd)
+                raise
+        finally:
+            os.close(dir_fd)
 
     def close(self) -> None:
         if self._fd >= 0:
@@ -342,28 +520,27 @@ class EngineMailbox(_Mailbox):
 
     @classmethod
     def create(cls, path: str, fp: Fingerprint, n_slots: int, group: int | None = None) -> "EngineMailbox":
-        """Create (or replace) the mailbox atomically: readers never see a half-made header."""
+        """Create (or replace) the mailbox atomically: readers never see a half-made header.
+
+        :class:`MailboxError`, saying what to change, when the file cannot be made, its directory
+        is not safe (see the module's "Permissions and trust"), or another live engine's mailbox
+        is at ``path``."""
         _, _, _, total = _sizes(n_slots, fp.hidden)
-        os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
-        tmp = f"{path}.{os.getpid()}.tmp"
-        fd = os.open(tmp, os.O_RDWR | os.O_CREAT | os.O_TRUNC, 0o600)
+        directory, name = os.path.split(os.path.abspath(path))
         try:
-            os.ftruncate(fd, total)
-            head = np.zeros(1, dtype=HEADER)
-            head["magic"], head["layout"], head["n_slots"] = MAGIC, LAYOUT, n_slots
-            head["hidden"], head["n_layers"] = fp.hidden, fp.n_layers
-            head["dtype"], head["model"] = fp.dtype.encode(), fp.model.encode()[:256]
-            head["epoch"] = secrets.randbits(63) | 1
-            head["engine_pid"] = os.getpid()
-            head["heartbeat_ns"] = time.time_ns()
-            os.pwrite(fd, head.tobytes(), 0)
-            if group is not None:
-                os.fchown(fd, -1, group)
-            os.fchmod(fd, FILE_MODE)  # the control API: the engine's user, or its group
-            os.replace(tmp, path)
-        except BaseException:
-            os.close(fd)
-            raise
+            dir_fd = _engine_dir(directory, group)
+            try:
+                other = _live_engine(dir_fd, name)
+                if other is not None:
+                    raise MailboxError(f"{path} is the mailbox of another running engine ({other}): give "
+                                       "each engine on this host its own HOTWIRE_MAILBOX (and ports)")
+                fd, epoch = _write_new(dir_fd, name, fp, n_slots, total, group)
+            finally:
+                os.close(dir_fd)
+        except OSError as e:
+            raise MailboxError(f"cannot create {path} ({e.strerror or e}): set HOTWIRE_MAILBOX to a "
+                               "path in a directory this engine's user may write") from None
+        _OWN_EPOCHS.add(epoch)
         return cls(path, fd)
 
     def set_armed(self, layers: list[int]) -> None:

@@ -250,7 +250,7 @@ BAD = {  # case -> (writer of the bad input under tmp_path, a piece of the messa
                                "got '20'"),
     "passport scale overflows": (lambda t: _brainscope_with(t / "d", torch.ones(HIDDEN),
                                                             {"calibrated": {"layer": 1, "scale": 1e39}}),
-                                 "the preset it implies does not parse"),
+                                 "calibrated.scale 1e+39 is not finite in float32"),
     "stem is not an id": (lambda t: _brainscope_with(t / "d", torch.ones(HIDDEN), name="calm down"),
                           "'calm down' is not a valid vector id"),
     "rows do not match the model": (lambda t: write_hidden_directions(
@@ -302,6 +302,116 @@ def test_a_bad_item_does_not_stop_the_others(tmp_path):
     result = import_path(root)
     assert [v.id for v in result.vectors] == ["good"]
     assert len(result.problems) == 1 and "bad.pt" in result.problems[0]
+
+
+# Bad numbers and metadata: the entry is skipped, the others import --------------------------
+
+BIG = "9" * 400  # a JSON integer no float holds
+DEEP = "[" * 40 + "]" * 40
+BAD_NUMBERS = {  # case -> (format, the bad entry's text in its manifest, a piece of the problem)
+    "passport scale of 400 digits": ("brainscope", f'"calibrated": {{"layer": 1, "scale": {BIG}}}',
+                                     "calibrated.scale"),
+    "passport scale 1e400": ("brainscope", '"calibrated": {"layer": 1, "scale": 1e400}',
+                             "calibrated.scale"),
+    "passport scale true": ("brainscope", '"calibrated": {"layer": 1, "scale": true}',
+                            "calibrated.scale must be a number"),
+    "passport layer of 400 digits": ("brainscope", f'"calibrated": {{"layer": {BIG}, "scale": 1}}',
+                                     "is not a layer of the model (it has 4: 0..3)"),
+    "score 1e400": ("brainscope", '"eval": {"score": 1e400}', "metadata holds a non-finite number"),
+    "metadata too deep": ("brainscope", f'"eval": {DEEP}', "metadata nests deeper than 32"),
+    "alpha of 400 digits": ("hidden-directions", f'"recommended_alpha": {BIG}', "recommended_alpha"),
+    "alpha 1e400": ("hidden-directions", '"recommended_alpha": 1e400', "recommended_alpha"),
+    "alpha past float32": ("hidden-directions", '"recommended_alpha": 1e39', "recommended_alpha"),
+    "hidden-directions score -1e400": ("hidden-directions",
+                                       '"recommended_alpha": 1, "score": -1e400', "non-finite"),
+}
+MARKERS = {"brainscope": '"marker": 424242', "hidden-directions": '"recommended_alpha": 424242.0'}
+
+
+def _good_and_bad(root: Path, fmt: str, bad_text: str, hidden: int = HIDDEN) -> Path:
+    """An export of ``good`` and ``bad`` in ``fmt``, ``bad``'s entry holding ``bad_text``."""
+    if fmt == "brainscope":
+        write_brainscope(root, {"good": rand(hidden, seed=1), "bad": rand(hidden, seed=2)},
+                         {"good": {"calibrated": {"layer": 1, "scale": 2}}, "bad": {"marker": 424242}})
+    else:
+        write_hidden_directions(root, {"good": rand(LAYERS, HIDDEN, seed=1),
+                                       "bad": rand(LAYERS, HIDDEN, seed=2)},
+                                {"good": (1, 2.0), "bad": (1, 424242.0)})
+    text = (root / "manifest.json").read_text()
+    assert text.count(MARKERS[fmt]) == 1
+    (root / "manifest.json").write_text(text.replace(MARKERS[fmt], bad_text))
+    return root
+
+
+@pytest.mark.parametrize("case", BAD_NUMBERS)
+def test_a_bad_number_skips_its_entry_and_keeps_the_others(tmp_path, case):
+    fmt, text, piece = BAD_NUMBERS[case]
+    result = import_path(_good_and_bad(tmp_path / "export", fmt, text), n_layers=LAYERS)
+    assert [v.id for v in result.vectors] == ["good"]
+    assert result.vectors[0].preset.entries == ({"id": "good", "layer": 1, "scale": 2.0}
+                                                | ({"decode_only": True} if fmt == "brainscope" else {}),)
+    [problem] = result.problems
+    assert piece in problem and "bad" in problem, problem
+
+
+def test_a_gguf_field_json_cannot_carry_is_left_out_of_the_metadata(tmp_path):
+    import gguf
+
+    path = tmp_path / "cv.gguf"
+    writer = gguf.GGUFWriter(str(path), "controlvector")
+    writer.add_float64("controlvector.strength", float("inf"))
+    writer.add_float32("controlvector.norm", 2.5)
+    writer.add_tensor("direction.1", rand(HIDDEN, seed=0))
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+    [vector] = only(import_path(path, n_layers=LAYERS)).values()
+    assert "controlvector.strength" not in vector.metadata
+    assert vector.metadata["controlvector.norm"] == 2.5
+
+
+def test_startup_skips_an_entry_with_a_bad_number_and_loads_the_rest(tmp_path, caplog):
+    root = _good_and_bad(tmp_path / "export", "brainscope", BAD_NUMBERS["passport scale of 400 digits"][1])
+    with caplog.at_level(logging.INFO, logger="vllm.hotwire"):
+        loaded = dict(load_dir(str(root), ModelShape(LAYERS, HIDDEN, "float32")))
+    assert list(loaded) == ["good"]
+    [skipped] = [r.getMessage() for r in caplog.records if r.levelname == "ERROR"]
+    assert "skipping" in skipped and "bad.pt" in skipped and "calibrated.scale" in skipped
+
+
+# Links in a directory ------------------------------------------------------------------------
+
+
+def test_links_out_of_the_directory_are_not_followed(tmp_path):
+    outside = tmp_path / "outside"
+    outside.mkdir()
+    (outside / "secret.safetensors").write_bytes(encode_safetensors(rand(HIDDEN, seed=1)))
+    torch.save(torch.ones(HIDDEN), outside / "secret.pt")
+    root = write_brainscope(tmp_path / "export", {"good": rand(HIDDEN, seed=2),
+                                                  "listed": rand(HIDDEN, seed=3)})
+    (root / "listed.pt").unlink()
+    (root / "listed.pt").symlink_to(outside / "secret.pt")
+    (root / "leak.safetensors").symlink_to(outside / "secret.safetensors")
+    (root / "sub").mkdir()
+    (root / "sub" / "x.safetensors").write_bytes(encode_safetensors(rand(HIDDEN, seed=4)))
+    (root / "inner.safetensors").symlink_to(root / "sub" / "x.safetensors")  # stays inside: read
+    result = import_path(root, n_layers=LAYERS)
+    assert sorted(v.id for v in result.vectors) == ["good", "inner"]
+    assert sorted(result.problems) == [
+        f"{root / 'leak.safetensors'}: a link to {outside / 'secret.safetensors'}, outside {root}; not followed",
+        f"{root / 'listed.pt'}: a link to {outside / 'secret.pt'}, outside {root}; not followed"]
+
+    hd = write_hidden_directions(tmp_path / "dict", {"d": rand(LAYERS, HIDDEN, seed=5)}, {})
+    (hd / "d.pt").unlink()
+    (hd / "d.pt").symlink_to(outside / "secret.pt")
+    assert "outside" in failure(hd)
+
+    linked = tmp_path / "linked"
+    linked.mkdir()
+    (outside / "manifest.json").write_text('{"vectors": []}')
+    (linked / "manifest.json").symlink_to(outside / "manifest.json")
+    assert "manifest.json: a link to" in failure(linked)
 
 
 # Layer numbering against a transformers forward --------------------------------------------
@@ -519,19 +629,39 @@ def test_cli_import_uploads_vectors_and_stores_presets(rig, capsys, tmp_path):
     assert "generation 2" in out
 
 
-def test_cli_import_with_a_problem_uploads_nothing(rig, capsys, tmp_path):
+def test_cli_import_skips_a_bad_file_imports_the_rest_and_says_so(rig, capsys, tmp_path):
     root = write_brainscope(tmp_path / "export", {"good": exact_vector(FP.hidden, seed=2),
                                                   "bad": exact_vector(FP.hidden, seed=3)},
                             {"good": {"calibrated": {"layer": 1, "scale": 1}}})
     torch.save({"not": "a tensor"}, root / "bad.pt")
     status, out, err = cli(capsys, rig, str(root))
+    assert status == EXIT_FILE and "imported the rest; skipped 1 problem(s)" in err and "bad.pt" in err
+    assert "vector good:" in out and "preset good:" in out
+    assert list(rig.catalog()) == ["good"]
+    assert [p["name"] for p in rig.http.get("/steer/presets").json()["presets"]] == ["good"]
+
+
+def test_cli_import_with_bad_metadata_skips_that_file_without_a_traceback(rig, capsys, tmp_path):
+    """A number the control API would refuse is caught before anything is sent: the import no
+    longer stops half way."""
+    root = _good_and_bad(tmp_path / "export", "brainscope", BAD_NUMBERS["score 1e400"][1], FP.hidden)
+    status, out, err = cli(capsys, rig, str(root))
+    assert status == EXIT_FILE and "metadata holds a non-finite number" in err, err
+    assert "Traceback" not in err and list(rig.catalog()) == ["good"]
+
+
+def test_cli_import_that_reads_nothing_imports_nothing(rig, capsys, tmp_path):
+    root = write_brainscope(tmp_path / "export", {"bad": exact_vector(FP.hidden, seed=3)})
+    torch.save({"not": "a tensor"}, root / "bad.pt")
+    status, _, err = cli(capsys, rig, str(root))
     assert status == EXIT_FILE and "nothing imported, 1 problem(s)" in err and "bad.pt" in err
-    assert rig.catalog() == {} and rig.http.get("/steer/presets").json()["presets"] == []
+    assert rig.catalog() == {}
     status, _, err = cli(capsys, rig, str(tmp_path / "missing"))
     assert status == EXIT_FILE and "no such file or directory" in err
     gguf_path = write_gguf(tmp_path / "big.gguf", {"direction.2": exact_vector(FP.hidden, seed=4)})
     status, _, err = cli(capsys, rig, str(gguf_path), "--model-layers", "2")
     assert status == EXIT_FILE and "names layer 2, but the model has 2" in err
+    assert rig.catalog() == {} and rig.http.get("/steer/presets").json()["presets"] == []
 
 
 def test_cli_import_without_an_engine_asks_for_the_layer_count(tmp_path, capsys):

@@ -152,3 +152,278 @@ def test_a_truncated_file_stops_the_sync_and_kills_no_one(tmp_path, size):
         rig.control.heartbeat_age_s() if size < 4096 else rig.control.directory
     with pytest.raises(MailboxError):
         ControlMailbox.attach(str(path))
+
+
+# -- the directory is not trusted ----------------------------------------------------------------
+
+import contextlib  # noqa: E402
+import shutil  # noqa: E402
+import subprocess  # noqa: E402
+import sys  # noqa: E402
+import tempfile  # noqa: E402
+import time  # noqa: E402
+from pathlib import Path  # noqa: E402
+
+from hotwire.shared import mailbox as mailbox_module  # noqa: E402
+
+as_root = pytest.mark.skipif(os.geteuid() != 0, reason="makes files of other users (os.chown)")
+NOBODY = 65534  # a uid and gid that are not this process's
+
+
+def _victim(tmp_path):
+    victim = tmp_path / "victim"
+    victim.write_bytes(b"root only")
+    victim.chmod(0o600)
+    return victim
+
+
+def _unchanged(victim) -> bool:
+    return victim.read_bytes() == b"root only" and victim.stat().st_mode & 0o777 == 0o600
+
+
+def test_a_link_planted_where_a_temporary_file_could_be_is_not_followed(tmp_path):
+    path = tmp_path / "e.mbx"
+    victim = _victim(tmp_path)
+    planted = tmp_path / f"e.mbx.{os.getpid()}.tmp"  # a name a creator could have used
+    planted.symlink_to(victim)
+    EngineMailbox.create(str(path), FP, n_slots=5)
+    assert _unchanged(victim) and planted.is_symlink()
+    assert not path.is_symlink() and ControlMailbox.attach(str(path)).fingerprint == FP
+
+
+def test_the_temporary_file_is_created_exclusively(tmp_path, monkeypatch):
+    """Even at a name someone guessed, the engine opens nothing that was there before."""
+    victim = _victim(tmp_path)
+    (tmp_path / "e.mbx.guessed.tmp").symlink_to(victim)
+    monkeypatch.setattr(mailbox_module.secrets, "token_hex", lambda n: "guessed")
+    with pytest.raises(MailboxError, match="HOTWIRE_MAILBOX"):
+        EngineMailbox.create(str(tmp_path / "e.mbx"), FP, n_slots=5)
+    assert _unchanged(victim) and not (tmp_path / "e.mbx").exists()
+
+
+@as_root
+@pytest.mark.parametrize("mode", [0o755, 0o777, 0o1777])
+def test_a_directory_another_user_owns_is_refused(tmp_path, mode):
+    directory = tmp_path / "hotwire"
+    directory.mkdir()
+    os.chown(directory, NOBODY, NOBODY)
+    directory.chmod(mode)
+    with pytest.raises(MailboxError, match=f"belongs to uid {NOBODY}.*HOTWIRE_MAILBOX"):
+        EngineMailbox.create(str(directory / "e.mbx"), FP, n_slots=5)
+    assert list(directory.iterdir()) == []
+
+
+def test_a_directory_of_its_own_that_everyone_can_write_is_made_sticky(tmp_path):
+    """As a kubelet emptyDir is made (0777): no one else may then rename or remove its files."""
+    directory = tmp_path / "hotwire"
+    directory.mkdir()
+    directory.chmod(0o2777)
+    EngineMailbox.create(str(directory / "e.mbx"), FP, n_slots=5)
+    assert directory.stat().st_mode & 0o7777 == 0o3777
+    assert ControlMailbox.attach(str(directory / "e.mbx")).fingerprint == FP
+
+
+@contextlib.contextmanager
+def _umask(mask: int):
+    old = os.umask(mask)
+    try:
+        yield
+    finally:
+        os.umask(old)
+
+
+@pytest.mark.parametrize("umask", [0o000, 0o077])
+@pytest.mark.parametrize("group", [None, NOBODY])
+def test_modes_are_set_whatever_the_umask(tmp_path, umask, group):
+    if group is not None and os.geteuid() != 0:
+        pytest.skip("gives files a group this user is not in (os.chown)")
+    path = tmp_path / "run" / "hotwire" / "e.mbx"
+    with _umask(umask):
+        EngineMailbox.create(str(path), FP, n_slots=5, group=group)
+    assert (tmp_path / "run").stat().st_mode & 0o7777 == 0o755
+    made = path.parent.stat()
+    assert made.st_mode & 0o7777 == (0o700 if group is None else 0o750)
+    assert os.stat(path).st_mode & 0o7777 == 0o660
+    if group is not None:
+        assert made.st_gid == group and os.stat(path).st_gid == group
+    assert sorted(p.name for p in path.parent.iterdir()) == ["e.mbx"]  # no temporary file left
+
+
+def test_readers_refuse_a_link_at_the_mailbox_path(tmp_path):
+    EngineMailbox.create(str(tmp_path / "real.mbx"), FP, n_slots=5)
+    (tmp_path / "e.mbx").symlink_to(tmp_path / "real.mbx")
+    with pytest.raises(MailboxError, match="symbolic link"):
+        ControlMailbox.attach(str(tmp_path / "e.mbx"))
+    with pytest.raises(MailboxError, match="symbolic link"):
+        MailboxView.open(str(tmp_path / "e.mbx"))
+
+
+@pytest.mark.timeout(60)  # without O_NONBLOCK the open waits for a writer forever
+def test_readers_refuse_what_is_not_a_regular_file(tmp_path):
+    os.mkfifo(tmp_path / "e.mbx")  # opening a FIFO for reading would wait for a writer
+    with pytest.raises(MailboxError, match="not a regular file"):
+        MailboxView.open(str(tmp_path / "e.mbx"))
+
+
+def test_readers_refuse_a_directory_everyone_can_rearrange(tmp_path):
+    directory = tmp_path / "shared"
+    directory.mkdir()
+    EngineMailbox.create(str(directory / "e.mbx"), FP, n_slots=5)
+    directory.chmod(0o777)  # not sticky: anyone may have renamed their own file onto the path
+    with pytest.raises(MailboxError, match="writable by every user and not sticky"):
+        ControlMailbox.attach(str(directory / "e.mbx"))
+    directory.chmod(0o1777)
+    assert ControlMailbox.attach(str(directory / "e.mbx")).fingerprint == FP
+
+
+@as_root
+def test_readers_refuse_a_mailbox_planted_by_another_user(tmp_path):
+    """A user who is neither this one, root, nor the directory's owner made the file."""
+    directory = tmp_path / "shared"
+    directory.mkdir(mode=0o1777)
+    directory.chmod(0o1777)
+    EngineMailbox.create(str(directory / "e.mbx"), FP, n_slots=5)
+    os.chown(directory / "e.mbx", NOBODY, NOBODY)
+    with pytest.raises(MailboxError, match=f"owned by uid {NOBODY}, who does not own its directory"):
+        ControlMailbox.attach(str(directory / "e.mbx"))
+
+
+def _as_user(uid: int, groups: list[int], fn) -> str:
+    """``fn()`` in a child process running as ``uid`` in ``groups``: "ok" or its MailboxError."""
+    read, write = os.pipe()
+    pid = os.fork()
+    if pid == 0:
+        try:
+            os.close(read)
+            os.setgroups(groups)
+            os.setgid(groups[0])
+            os.setuid(uid)
+            try:
+                fn()
+                answer = "ok"
+            except (MailboxError, OSError) as e:
+                answer = str(e)
+            os.write(write, answer.encode())
+        finally:
+            os._exit(0)
+    os.close(write)
+    with os.fdopen(read) as f:
+        answer = f.read()
+    os.waitpid(pid, 0)
+    return answer
+
+
+@pytest.fixture
+def open_dir():
+    """A directory every user may traverse (pytest's own are private to this user)."""
+    path = tempfile.mkdtemp(prefix="hotwire-mailbox-")
+    os.chmod(path, 0o755)
+    yield Path(path)
+    shutil.rmtree(path)
+
+
+@as_root
+def test_a_control_api_in_the_engines_group_attaches_and_a_stranger_is_refused(open_dir):
+    """The deployments of docker-compose.yml and deploy/k8s: the engine and its control API are
+    different users, the control API in the mailbox's group (HOTWIRE_MAILBOX_GROUP)."""
+    engine_uid, group, control_uid, stranger = 10101, 10102, 10103, 10104
+    shm = open_dir / "shm"  # as /dev/shm: every user's, sticky
+    shm.mkdir()
+    shm.chmod(0o1777)
+    path = shm / "hotwire" / "e.mbx"
+
+    def make(at):
+        return lambda: EngineMailbox.create(str(at), FP, n_slots=5, group=group)
+
+    def attach(at):
+        return lambda: ControlMailbox.attach(str(at))
+
+    assert _as_user(engine_uid, [engine_uid, group], make(path)) == "ok"
+    assert _as_user(control_uid, [group], attach(path)) == "ok"
+    assert "Permission denied" in _as_user(stranger, [stranger], attach(path))
+    planted = shm / "e.mbx"  # a mailbox straight in the shared directory, by someone in the group
+    assert _as_user(stranger, [stranger, group], make(planted)) == "ok"
+    answer = _as_user(control_uid, [group], attach(planted))
+    assert f"owned by uid {stranger}, who does not own its directory" in answer
+
+
+# -- one engine per mailbox ----------------------------------------------------------------------
+
+ENGINE_ELSEWHERE = """
+import sys, time
+from hotwire.shared.mailbox import EngineMailbox, Fingerprint
+box = EngineMailbox.create(sys.argv[1], Fingerprint("other/model", 4, 8, "bfloat16"), 5)
+box.beat(time.time_ns() - int(sys.argv[2]) * 10**9)
+print("up", flush=True)
+while sys.argv[2] == "0":
+    box.beat()
+    time.sleep(0.1)
+"""
+
+
+def _engine_elsewhere(path, beat_s_ago: int = 0) -> subprocess.Popen:
+    """Another engine process with a mailbox at ``path``: beating (``beat_s_ago`` 0), or gone
+    after one beat that long ago."""
+    proc = subprocess.Popen([sys.executable, "-c", ENGINE_ELSEWHERE, str(path), str(beat_s_ago)],
+                            stdout=subprocess.PIPE, text=True)
+    assert proc.stdout.readline() == "up\n"
+    return proc
+
+
+def _set_header(path, **fields) -> None:
+    with open(path, "r+b") as f:
+        for name, value in fields.items():
+            dtype, offset = mailbox_module.HEADER.fields[name][:2]
+            f.seek(offset)
+            f.write(np.asarray(value, dtype=dtype).tobytes())
+
+
+def test_a_mailbox_another_live_engine_beats_is_refused(tmp_path):
+    path = tmp_path / "e.mbx"
+    other = _engine_elsewhere(path)
+    try:
+        with pytest.raises(MailboxError, match=rf"another running engine \(pid {other.pid}, .*"
+                                               r"its own HOTWIRE_MAILBOX"):
+            EngineMailbox.create(str(path), FP, n_slots=5)
+        assert MailboxView.open(str(path)).fingerprint.model == "other/model"  # left alone
+    finally:
+        other.kill()
+        other.wait()
+
+
+def test_the_mailbox_of_an_engine_that_stopped_beating_is_replaced(tmp_path):
+    """An engine restarting: its predecessor's heartbeat is old (its pid may even be reused)."""
+    path = tmp_path / "e.mbx"
+    _engine_elsewhere(path, beat_s_ago=60).wait()
+    EngineMailbox.create(str(path), FP, n_slots=5)
+    assert MailboxView.open(str(path)).fingerprint == FP
+
+
+def test_a_fresh_mailbox_with_this_pid_but_not_made_here_is_refused(tmp_path):
+    """Engines in two containers sharing the directory may both be pid 1: the pid alone does not
+    make a mailbox this process's own."""
+    path = tmp_path / "e.mbx"
+    _engine_elsewhere(path, beat_s_ago=60).wait()
+    _set_header(path, engine_pid=os.getpid(), heartbeat_ns=time.time_ns())
+    with pytest.raises(MailboxError, match="another running engine"):
+        EngineMailbox.create(str(path), FP, n_slots=5)
+
+
+def test_an_engine_core_that_cannot_create_its_mailbox_serves_without_registration(tmp_path, caplog):
+    from types import SimpleNamespace
+
+    from hotwire.engine_plugin.config import HotwireConfig
+    from hotwire.engine_plugin.core_sync import CoreSync
+
+    path = tmp_path / "e.mbx"
+    other = _engine_elsewhere(path)
+    try:
+        cfg = HotwireConfig(mailbox=str(path))
+        vllm_config = SimpleNamespace(parallel_config=SimpleNamespace(data_parallel_index=0))
+        assert CoreSync._open_mailbox(cfg, vllm_config, FP, [1], []) is None
+    finally:
+        other.kill()
+        other.wait()
+    [line] = [r.getMessage() for r in caplog.records if r.levelname == "ERROR"]
+    assert "another running engine" in line and "HOTWIRE_MAILBOX" in line
+    assert "runtime registration is off" in line

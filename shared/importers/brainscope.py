@@ -35,7 +35,7 @@ from pathlib import Path
 from typing import Any
 
 from .result import (ImportedPreset, ImportedVector, ImportResult, as_vector, checked_preset,
-                     read_pt, vector_id)
+                     inside, layer_of, read_pt, scale_of, vector_id)
 
 
 def import_export(root: Path, manifest: dict[str, Any], *, n_layers: int | None,
@@ -67,27 +67,24 @@ def _file_of(entry: Any, where: str) -> str:
 
 def _vector(root: Path, file: str, entry: dict[str, Any], manifest: dict[str, Any],
             n_layers: int | None, id_prefix: str) -> ImportedVector:
-    path = root / file
+    path = inside(root, root / file)
     vid = vector_id(path.stem, id_prefix, path)
     if not path.is_file():
         raise ValueError(f"{path}: listed in manifest.json but missing")
+    preset = _preset(vid, entry, path, n_layers)
     tensor = as_vector(read_pt(path), path, n_layers)
     metadata = {"imported_from": "brainscope", "exported_at": manifest.get("exported_at"), **entry}
-    return ImportedVector(vid, tensor, None, metadata, path, _preset(vid, entry, path))
+    return ImportedVector(vid, tensor, None, metadata, path, preset)
 
 
-def _preset(vid: str, entry: dict[str, Any], path: Path) -> ImportedPreset | None:
+def _preset(vid: str, entry: dict[str, Any], path: Path, n_layers: int | None) -> ImportedPreset | None:
     passport = entry.get("calibrated")
     if passport is None:
         return None
     if not isinstance(passport, dict):
         raise ValueError(f"{path}: its `calibrated` passport must be an object")
-    layer, scale = passport.get("layer"), passport.get("scale")
-    if type(layer) is not int or layer < 0:
-        raise ValueError(f"{path}: calibrated.layer must be a decoder layer (an int >= 0), "
-                         f"got {layer!r}")
-    if type(scale) not in (int, float):
-        raise ValueError(f"{path}: calibrated.scale must be a number, got {scale!r}")
+    layer = layer_of(passport.get("layer"), "calibrated.layer", path, n_layers)
+    scale = scale_of(passport.get("scale"), "calibrated.scale", path)
     regime = entry.get("calibration_regime")
     if not isinstance(regime, dict):
         regime = {}
@@ -96,6 +93,6 @@ def _preset(vid: str, entry: dict[str, Any], path: Path) -> ImportedPreset | Non
         raise ValueError(f"{path}: calibrated.decode_only must be true or false")
     model = entry.get("model") or "its model"
     return checked_preset(
-        ({"id": vid, "layer": layer, "scale": float(scale), "decode_only": decode_only},),
+        ({"id": vid, "layer": layer, "scale": scale, "decode_only": decode_only},),
         f"brainscope passport: calibrated at layer {layer}, scale {scale:g}, "
         f"decode_only {str(decode_only).lower()} ({model})", path)

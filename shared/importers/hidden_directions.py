@@ -26,7 +26,7 @@ from pathlib import Path
 from typing import Any
 
 from .result import (ImportedPreset, ImportedVector, ImportResult, as_vector, checked_preset,
-                     read_pt, vector_id)
+                     inside, layer_of, read_pt, scale_of, vector_id)
 
 NOTES = ("model", "extracted_via", "preset_provenance")  # manifest-wide, kept with each vector
 
@@ -46,8 +46,8 @@ def import_dictionary(root: Path, manifest: dict[str, Any], *, n_layers: int | N
                     or Path(entry["name"]).name != entry["name"]:
                 raise ValueError(f"{where}: an entry needs a `name` (its file is <name>.pt)")
             listed.add(f"{entry['name']}.pt")
-            result.vectors.append(_vector(root / f"{entry['name']}.pt", entry, notes, n_layers,
-                                          id_prefix))
+            result.vectors.append(_vector(inside(root, root / f"{entry['name']}.pt"), entry, notes,
+                                          n_layers, id_prefix))
         except ValueError as e:
             result.problems.append(str(e))
     return result, listed
@@ -58,23 +58,19 @@ def _vector(path: Path, entry: dict[str, Any], notes: dict[str, Any], n_layers: 
     vid = vector_id(path.stem, id_prefix, path)
     if not path.is_file():
         raise ValueError(f"{path}: listed in manifest.json but missing")
+    preset = _preset(vid, entry, notes, path, n_layers)
     tensor = as_vector(read_pt(path), path, n_layers)
     metadata = {"imported_from": "hidden-directions", **notes, **entry}
-    return ImportedVector(vid, tensor, None, metadata, path, _preset(vid, entry, notes, path))
+    return ImportedVector(vid, tensor, None, metadata, path, preset)
 
 
-def _preset(vid: str, entry: dict[str, Any], notes: dict[str, Any],
-            path: Path) -> ImportedPreset | None:
-    layer, alpha = entry.get("recommended_layer"), entry.get("recommended_alpha", 1.0)
-    if layer is None:
+def _preset(vid: str, entry: dict[str, Any], notes: dict[str, Any], path: Path,
+            n_layers: int | None) -> ImportedPreset | None:
+    if entry.get("recommended_layer") is None:
         return None
-    if type(layer) is not int or layer < 0:
-        raise ValueError(f"{path}: recommended_layer must be a decoder layer (an int >= 0), "
-                         f"got {layer!r}")
-    if alpha is None:
-        alpha = 1.0
-    if type(alpha) not in (int, float):
-        raise ValueError(f"{path}: recommended_alpha must be a number, got {alpha!r}")
+    layer = layer_of(entry["recommended_layer"], "recommended_layer", path, n_layers)
+    alpha = entry.get("recommended_alpha")
+    alpha = 1.0 if alpha is None else scale_of(alpha, "recommended_alpha", path)
     model = notes.get("model") or "its model"
-    return checked_preset(({"id": vid, "layer": layer, "scale": float(alpha)},),
+    return checked_preset(({"id": vid, "layer": layer, "scale": alpha},),
                   f"hidden-directions: recommended layer {layer}, alpha {alpha:g} ({model})", path)

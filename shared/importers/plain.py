@@ -11,20 +11,22 @@ from pathlib import Path
 from hotwire.shared.wire import decode_safetensors
 
 from .gguf_control import read_control_vector
-from .result import ImportedVector, ImportResult, as_vector, read_pt, vector_id
+from .result import ImportedVector, ImportResult, as_vector, inside, read_pt, vector_id
 
 SUFFIXES = (".safetensors", ".pt", ".gguf")
 
 
 def import_files(root: Path, *, n_layers: int | None, id_prefix: str,
                  skip: set[str] = frozenset()) -> ImportResult:
-    """Every vector file in ``root`` but those named in ``skip``, by name."""
+    """Every vector file in ``root`` but those named in ``skip``, by name; a link out of
+    ``root`` is a problem, not read."""
     result = ImportResult()
     for path in sorted(root.iterdir()):
         if path.suffix not in SUFFIXES or path.name in skip or not path.is_file():
             continue
         try:
-            result.vectors.append(read_file(path, n_layers=n_layers, id_prefix=id_prefix))
+            result.vectors.append(read_file(inside(root, path), n_layers=n_layers,
+                                            id_prefix=id_prefix))
         except ValueError as e:
             result.problems.append(str(e))
     return result

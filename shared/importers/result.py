@@ -10,13 +10,17 @@ once, and says how in its docstring.
 from __future__ import annotations
 
 import json
+import math
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
+from hotwire.shared.metadata import metadata_problem
 from hotwire.shared.spec import ID_PATTERN, SpecError, parse_spec, valid_id
+
+F32_MAX = float(np.finfo(np.float32).max)
 
 
 class VectorImportError(ValueError):
@@ -34,6 +38,9 @@ class ImportedPreset:
 
 @dataclass(frozen=True)
 class ImportedVector:
+    """One vector as its source gives it; :class:`ValueError` naming the file when its metadata
+    is not what the control API stores (so an import never fails half way on it)."""
+
     id: str
     tensor: np.ndarray  # float32, [hidden] or [n_layers, hidden]
     layers: tuple[int, ...] | None  # rows worth materialising; None: every armed layer
@@ -41,11 +48,16 @@ class ImportedVector:
     source: Path  # the file it came from, for messages
     preset: ImportedPreset | None = None  # stored under the vector's id as its name
 
+    def __post_init__(self) -> None:
+        problem = metadata_problem(self.metadata)
+        if problem is not None:
+            raise ValueError(f"{self.source}: its metadata {problem}")
+
 
 @dataclass
 class ImportResult:
     """Vectors that imported, and one line per item that did not (``path: why``). An importer
-    never stops at a bad item: the engine loads the rest, the CLI refuses the whole import."""
+    never stops at a bad item: the engine and the CLI import the rest and name each bad one."""
 
     vectors: list[ImportedVector] = field(default_factory=list)
     problems: list[str] = field(default_factory=list)
@@ -62,6 +74,46 @@ def vector_id(name: str, prefix: str, where: Path) -> str:
         raise ValueError(f"{where}: {candidate!r} is not a valid vector id ({ID_PATTERN}); "
                          "rename the file or change --id-prefix")
     return candidate
+
+
+def scale_of(value: Any, what: str, where: Path) -> float:
+    """A source's number that becomes a spec's ``scale``: a JSON number (not a boolean) finite in
+    float32, else :class:`ValueError` naming ``where``."""
+    if type(value) not in (int, float):
+        raise ValueError(f"{where}: {what} must be a number, got {_clip(value)}")
+    try:
+        number = float(value)
+    except OverflowError:  # an integer of hundreds of digits
+        number = math.inf
+    if not math.isfinite(number) or abs(number) > F32_MAX:
+        raise ValueError(f"{where}: {what} {_clip(value)} is not finite in float32 (|{what}| < 3.4e38)")
+    return number
+
+
+def layer_of(value: Any, what: str, where: Path, n_layers: int | None) -> int:
+    """A source's decoder layer: an int (not a boolean) ``>= 0`` and, when the model is known,
+    one it has; else :class:`ValueError` naming ``where``."""
+    if type(value) is not int or value < 0:
+        raise ValueError(f"{where}: {what} must be a decoder layer (an int >= 0), got {_clip(value)}")
+    if n_layers is not None and value >= n_layers:
+        raise ValueError(f"{where}: {what} {_clip(value)} is not a layer of the model (it has "
+                         f"{n_layers}: 0..{n_layers - 1})")
+    return value
+
+
+def _clip(value: Any, limit: int = 40) -> str:
+    text = repr(value)
+    return text if len(text) <= limit else f"{text[:limit]}... ({len(text)} characters)"
+
+
+def inside(root: Path, path: Path) -> Path:
+    """``path``, a name in ``root``; :class:`ValueError` when it is a link that leads out of
+    ``root`` (an export directory's files are its own; a link could read any file)."""
+    if path.is_symlink():
+        target = path.resolve()
+        if not target.is_relative_to(root.resolve()):
+            raise ValueError(f"{path}: a link to {target}, outside {root}; not followed")
+    return path
 
 
 def checked_preset(entries: tuple[dict[str, Any], ...], description: str,

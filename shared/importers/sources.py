@@ -3,7 +3,8 @@
 A ``.gguf`` file is a control vector. A directory is every vector file in it
 (:mod:`.plain`); with a ``manifest.json`` that lists ``vectors`` (brainscope's export) or
 ``directions`` (a hidden-directions dictionary), the files it lists are read with their metadata
-and presets by that format's importer, and the others as plain files.
+and presets by that format's importer, and the others as plain files. A file in the directory
+that is a link leading out of it is a problem, never read.
 """
 
 from __future__ import annotations
@@ -12,7 +13,7 @@ from collections import Counter
 from pathlib import Path
 
 from . import brainscope, hidden_directions, plain
-from .result import ImportResult, VectorImportError, read_manifest
+from .result import ImportResult, VectorImportError, inside, read_manifest
 
 MANIFEST = "manifest.json"
 FORMATS = {"vectors": brainscope.import_export, "directions": hidden_directions.import_dictionary}
@@ -42,7 +43,10 @@ def import_path(path: Path, *, n_layers: int | None = None, id_prefix: str = "")
 def _import_dir(root: Path, n_layers: int | None, id_prefix: str) -> ImportResult:
     result, listed = ImportResult(), set()
     if (root / MANIFEST).exists():
-        manifest = read_manifest(root / MANIFEST)
+        try:
+            manifest = read_manifest(inside(root, root / MANIFEST))
+        except ValueError as e:
+            raise VectorImportError(str(e)) from None
         kinds = [key for key in FORMATS if key in manifest]
         if len(kinds) != 1:
             raise VectorImportError(f"{root / MANIFEST}: neither a brainscope export (a `vectors` "
