@@ -37,7 +37,7 @@ import threading
 from collections import OrderedDict
 from typing import Annotated, Any, Literal, Union
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+from pydantic import BaseModel, ConfigDict, Field, Strict, ValidationError, field_validator, model_validator
 from pydantic_core import PydanticCustomError
 
 SPEC_KEY = "hotwire"
@@ -54,7 +54,12 @@ _SLOT_BYTES = 200  # a cache slot's own dict and list nodes
 _ID_RE = re.compile(ID_PATTERN)
 _F32 = struct.Struct("<f")  # the op computes in float32: a scale is stored as its float32 bits
 
-Positions = Union[Literal["all", "prompt", "generated"], tuple[int, int]]
+# JSON types, never coerced: a boolean is not a layer or a scale (``true`` would be 1), text is
+# not a number, a number is not a flag. A strict float still takes an int (``"scale": 2``).
+Int = Annotated[int, Strict()]
+Float = Annotated[float, Strict()]
+Bool = Annotated[bool, Strict()]
+Positions = Union[Literal["all", "prompt", "generated"], tuple[Int, Int]]
 Mode = Literal["add", "norm", "ablate", "clamp"]
 PROJECTION_MODES = frozenset({"norm", "ablate", "clamp"})  # need the stream h, and v's direction
 MAX_PROJECTION_SCALE = 64.0  # |scale| of norm/ablate: past it an entry only saturates the stream
@@ -93,8 +98,8 @@ class Gate(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True, strict=False)
 
     probe: str = Field(pattern=ID_PATTERN)
-    layer: int = Field(ge=0)
-    threshold: float = 0.0
+    layer: Int = Field(ge=0)
+    threshold: Float = 0.0
     scope: Literal["token", "prompt"] = "token"
 
     @field_validator("threshold")
@@ -109,14 +114,14 @@ class SteerEntry(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True, strict=False)
 
     id: str = Field(pattern=ID_PATTERN)
-    layer: int | None = Field(None, ge=0)
-    layers: tuple[Annotated[int, Field(ge=0)], ...] | Literal["all"] | None = None
+    layer: Int | None = Field(None, ge=0)
+    layers: tuple[Annotated[Int, Field(ge=0)], ...] | Literal["all"] | None = None
     mode: Mode = "add"
-    scale: float = 1.0
-    lo: float | None = None
-    hi: float | None = None
+    scale: Float = 1.0
+    lo: Float | None = None
+    hi: Float | None = None
     gate: Gate | None = None
-    decode_only: bool = False
+    decode_only: Bool = False
     positions: Positions = "all"
 
     @field_validator("scale")

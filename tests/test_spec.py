@@ -50,7 +50,7 @@ def test_positions_become_absolute_spans(positions, span):
     ('{"id": "x"}', "layer"),
     ('{"id": "x", "layer": -1}', "layer"),
     ('{"id": "bad id!", "layer": 1}', "id"),
-    ('{"id": "x", "layer": 1, "scale": "nan"}', "finite"),
+    ('{"id": "x", "layer": 1, "scale": "nan"}', "valid number"),
     ('{"id": "x", "layer": 1, "scale": 1e39}', "finite in float32"),  # a finite double, inf in float32
     ('{"id": "x", "layer": 1, "positions": [5, 2]}', "start < end"),
     ('{"id": "x", "layer": 1, "positions": "later"}', "positions"),
