@@ -4,8 +4,9 @@ Real processes as deployed (``vllm serve`` with the plugin in vLLM's multiproces
 ``hotwire control-api`` on its mailbox), on CPU, or on a GPU with ``HOTWIRE_E2E_GPU=1``. Expected outputs come from the same server before the
 attack: an unsteered request must keep its tokens, a steered one its steered tokens.
 
-- spec attack: entries whose ``|scale| * max|v|`` overflows the stream, sent beside unsteered
-  requests and followed by fresh ones (they poisoned the KV cache on CPU before the fix);
+- spec attack: entries whose ``|scale| * max|v|`` overflows the stream, and a spec of small
+  entries on every layer whose sum does, sent beside unsteered requests and followed by fresh
+  ones (they poisoned the KV cache on CPU before the fix);
 - mailbox attack: garbage written into the directory region, then the file truncated to one
   page (a ``UnicodeDecodeError`` killed the server; the shrink killed the worker and the control
   API with SIGBUS, both reading a memory map).
@@ -31,7 +32,8 @@ pytestmark = [requires_vllm, pytest.mark.vllm, pytest.mark.slow]
 TOKEN = "attack-secret"
 N = 8
 STEER = json.dumps({"id": "v", "layer": 2, "scale": 0.25})
-OVERFLOWS = [json.dumps({"id": "v", "layer": 1, "scale": s}) for s in (3.4e38, -3.4e38, 1e38)]
+OVERFLOWS = [json.dumps({"id": "v", "layer": 1, "scale": s}) for s in (3.4e38, -3.4e38, 1e38)] + [
+    json.dumps([{"id": "v", "layers": "all", "scale": 8e35}] * 4)]  # each entry small, the spec not
 
 
 @pytest.fixture(scope="module")
