@@ -19,7 +19,7 @@ the mailbox on every step and a ``pwrite`` on every step that changed the refere
 step thread give up the GIL to vLLM's output thread and wait to get it back, tens to hundreds of
 microseconds a step (``docs/performance.md``, "Session 10"). So that a request sent after an
 upload's answer still sees the upload, the control API answers only once the applied generation
-has reached it (``control_api.slots.SlotManager.await_applied``). Nothing
+has reached it (``control_api.slots.rank.Rank.await_applied``). Nothing
 read from the file is trusted (invariant 8): an entry the mailbox finds corrupt is rejected
 (logged, counted, acked as holding nothing, its slot unbound); a file that becomes unreadable
 (truncated, say) stops the sync with one error line and a counter, and the engine keeps serving
@@ -38,9 +38,10 @@ from typing import Any
 
 import numpy as np
 
-from hotwire.shared.mailbox import ACTIVE, ANY_LAYER, EngineMailbox, Fingerprint, MailboxError, SlotEntry
+from hotwire.shared.mailbox import (ACTIVE, ANY_LAYER, EngineMailbox, Fingerprint, MailboxError, SlotEntry,
+                                    dp_mailbox_path)
 
-from . import startup
+from . import salts, startup
 from .admission import Admission, request_args
 from .config import HotwireConfig
 from .counters import Counters, process_counters
@@ -73,7 +74,7 @@ def mailbox_path(cfg: HotwireConfig, vllm_config: Any) -> str | None:
     dp_rank = getattr(par, "data_parallel_index", None)
     if dp_rank is None:
         dp_rank = par.data_parallel_rank if getattr(par, "data_parallel_size", 1) > 1 else 0
-    return cfg.mailbox if dp_rank == 0 else f"{cfg.mailbox}.dp{dp_rank}"
+    return dp_mailbox_path(cfg.mailbox, dp_rank)
 
 
 class CoreSync:
@@ -144,6 +145,7 @@ class CoreSync:
         path = mailbox_path(cfg, vllm_config)
         if path is None:
             return None
+        salts.follow_mailbox(path)
         try:
             box = EngineMailbox.create(path, fp, cfg.slots, group=cfg.mailbox_gid())
             for slot, vector_id, layer, row in loaded:

@@ -10,23 +10,22 @@ from __future__ import annotations
 import logging
 from collections import Counter
 
+from hotwire.shared.engine_counters import STEP_TIME
 from hotwire.shared.mailbox import COUNTER_INDEX, EngineMailbox
 
 log = logging.getLogger("vllm.hotwire")
 
 
 class Counters:
+    """``counts`` by name; and one int attribute per step-time counter (:data:`STEP_TIME`:
+    ``steps``, ``host_ns``, ``host_ns_core``, ...; what each counts is declared in
+    :mod:`hotwire.shared.engine_counters`), which the step thread only adds to."""
+
     def __init__(self) -> None:
         self.counts: Counter[str] = Counter()
         self.mailbox: EngineMailbox | None = None
-        self.steps = 0  # engine steps routed
-        self.host_ns = 0  # step-thread time in the per-step hooks, all of them
-        self.host_ns_core = 0  # ... in the engine core's schedule hook (mailbox, step delta, admissions)
-        self.host_ns_schedule = 0  # ... in the rank's on_schedule (delta into the bank, admissions)
-        self.host_ns_batch = 0  # ... in the rank's on_batch (routing, graph choice)
-        self.steps_changed = 0  # steps in which requests arrived or left
-        self.host_ns_changed = 0  # host_ns spent in those steps
-        self.heartbeat_ns = 0  # CPU time of the heartbeat thread
+        for name in STEP_TIME:
+            setattr(self, name, 0)
 
     def add(self, name: str, n: int = 1) -> None:
         self.counts[name] += n
@@ -45,8 +44,6 @@ class Counters:
                 self.mailbox.set_counter(name, getattr(self, name))
 
 
-STEP_TIME = ("steps", "host_ns", "host_ns_core", "host_ns_schedule", "host_ns_batch", "steps_changed",
-             "host_ns_changed", "heartbeat_ns")
 _PROCESS: Counters | None = None
 
 

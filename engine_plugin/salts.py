@@ -72,16 +72,18 @@ def patch_config_hash(module: ModuleType) -> None:
 
 
 class _Versions:
-    """Vector versions as the mailbox holds them (:meth:`MailboxView.versions`), re-read only when
-    the directory changed."""
+    """Vector versions as this engine's own mailbox holds them (:meth:`MailboxView.versions`;
+    one mailbox per data-parallel rank: the engine core names it, :func:`follow_mailbox`; until
+    then the configured one, rank 0's), re-read only when the directory changed."""
 
     def __init__(self) -> None:
+        self.path: str | None = None
         self._view: MailboxView | None = None
         self._seen = -1
         self._versions: dict[str, str] = {}
 
     def get(self) -> dict[str, str]:
-        path = HotwireConfig.from_env().mailbox
+        path = self.path if self.path is not None else HotwireConfig.from_env().mailbox
         if not path:
             return {}
         try:
@@ -104,6 +106,12 @@ class _Versions:
 
 
 _versions = _Versions()
+
+
+def follow_mailbox(path: str) -> None:
+    """Salt with the versions of ``path``: the engine core's own mailbox
+    (:func:`hotwire.shared.mailbox.dp_mailbox_path` of its rank)."""
+    _versions.path = path
 
 
 def request_salt(sampling_params: Any, prompt_len: int) -> str | None:

@@ -58,13 +58,16 @@ from __future__ import annotations
 import contextlib
 import errno
 import os
+import re
 import secrets
 import stat
 import time
 from dataclasses import dataclass
+from pathlib import Path
 
 import numpy as np
 
+from .engine_counters import ENGINE_COUNTERS
 from .spec import valid_id
 from .wire import ModelShape, dtype_max
 
@@ -79,37 +82,8 @@ FLAG_PINNED = 1  # never evicted
 FLAG_STARTUP = 2  # loaded by the engine from HOTWIRE_VECTORS; the control API leaves it alone
 ANY_LAYER = -1  # a (hidden,) vector: the same row serves every layer
 
-# Engine counters, by index into header["counters"].
-COUNTERS = (
-    "steered_requests",  # requests that arrived with a valid, resolvable spec
-    "unsteered_malformed",  # spec did not parse
-    "unsteered_unknown_id",  # an entry named an id/layer that holds no vector
-    "unsteered_unarmed_layer",  # an entry named a layer the engine did not arm
-    "unsteered_too_many_entries",  # more entries on one layer than the routing table holds
-    "unsteered_table_full",  # no free request row (more steered requests than the table holds)
-    "mailbox_rows_applied",  # ACTIVE rows copied into the bank
-    "mailbox_torn_reads",  # entries skipped because a write was in progress
-    "steps",  # engine steps hotwire routed (published by the heartbeat, like host_ns)
-    "host_ns",  # time hotwire's per-step work held the engine's step thread
-    "unsteered_out_of_range",  # the spec could overflow the stream (engine_plugin.stream_bound)
-    "mailbox_rejected",  # directory entries refused as corrupt (bad state, id, layer or row)
-    "mailbox_errors",  # the mailbox file became unreadable (truncated, removed); sync stopped
-    "unsteered_too_large",  # the spec's text is longer than a spec may be
-    "unsteered_bad_params",  # a mode's parameters contradict each other (a clamp with lo > hi)
-    "unsteered_zero_vector",  # a projecting mode (norm, ablate, clamp) named a zero vector
-    "unsteered_preset_unresolved",  # a {"preset": ...} item reached the engine unexpanded
-    "unsteered_unarmed_projection",  # a projecting mode or probe on a layer not in HOTWIRE_PROJECTION_LAYERS
-    "gate_opened_tokens",  # tokens for which a gated request's gate opened (the rank sharing the core's process)
-    # host_ns by hook (the engine core's schedule hook, the rank's on_schedule and on_batch; the
-    # rank's where it shares the core's process), and the part of it spent in steps in which
-    # requests arrived or left; all published by the heartbeat, like steps and host_ns
-    "host_ns_core",
-    "host_ns_schedule",
-    "host_ns_batch",
-    "steps_changed",  # engine steps in which requests arrived or left
-    "host_ns_changed",
-    "heartbeat_ns",  # CPU time of the engine core's heartbeat thread (an upper bound on its GIL share)
-)
+# Engine counters, by index into header["counters"] (declared in .engine_counters).
+COUNTERS = tuple(c.name for c in ENGINE_COUNTERS)
 COUNTER_INDEX = {name: i for i, name in enumerate(COUNTERS)}
 
 HEADER = np.dtype([
@@ -138,6 +112,30 @@ FILE_MODE = 0o660
 DIR_MODE, GROUP_DIR_MODE = 0o700, 0o750  # a mailbox directory the engine makes: its own, or its group's too
 LIVE_S = 5.0  # a mailbox beaten this recently has a live engine (it beats every 0.25 s)
 _OWN_EPOCHS: set[int] = set()  # the epochs of the mailboxes this process created: its own to replace
+
+
+def dp_mailbox_path(base: str, dp_rank: int) -> str:
+    """The mailbox of data-parallel rank ``dp_rank``: one per engine core, so rank 0 (and an
+    engine without DP) has ``base`` itself and rank N has ``<base>.dpN``."""
+    return base if dp_rank == 0 else f"{base}.dp{dp_rank}"
+
+
+def rank_mailboxes(base: str | os.PathLike[str]) -> dict[int, Path]:
+    """The mailbox of every data-parallel rank there is now, by rank: rank 0's (``base``,
+    whether it exists yet or not), then each :func:`dp_mailbox_path` of a rank N > 0 that
+    exists."""
+    base = Path(base)
+    found = {0: base}
+    pattern = re.compile(re.escape(base.name) + r"\.dp([1-9][0-9]*)")
+    try:
+        names = [p.name for p in base.parent.iterdir()]
+    except OSError:
+        return found
+    for name in names:
+        match = pattern.fullmatch(name)
+        if match:
+            found[int(match.group(1))] = base.parent / name
+    return dict(sorted(found.items()))
 
 
 class MailboxError(RuntimeError):

@@ -23,9 +23,9 @@ import numpy as np
 import uvicorn
 from pydantic import SecretStr
 
-from hotwire.control_api.app import create_app
-from hotwire.control_api.dependencies import Services
-from hotwire.control_api.settings import Settings
+from hotwire.control_api.api.app import create_app
+from hotwire.control_api.api.dependencies import Services
+from hotwire.control_api.api.settings import Settings
 from hotwire.shared.mailbox import ACTIVE, EngineMailbox, Fingerprint
 
 FP = Fingerprint("test/tiny-model", n_layers=4, hidden=16, dtype="bfloat16")

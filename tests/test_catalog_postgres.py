@@ -20,9 +20,11 @@ import psycopg
 import pytest
 from pydantic import SecretStr
 
-from hotwire.control_api.catalog import Catalog, StaleGeneration, VectorExists
-from hotwire.control_api.catalog_postgres import PostgresCatalog, ReplicaResidence, Residence
-from hotwire.control_api.catalog_store import CatalogStore
+from hotwire.control_api.store.records import StaleGeneration, VectorExists
+from hotwire.control_api.store.sqlite import Catalog
+from hotwire.control_api.store.postgres import PostgresCatalog
+from hotwire.control_api.store.replica_board import ReplicaResidence, Residence
+from hotwire.control_api.store.catalog import CatalogStore
 from hotwire.shared.mailbox import ANY_LAYER, ControlMailbox
 from hotwire.shared.wire import encode_safetensors
 
@@ -184,30 +186,31 @@ def test_two_catalogs_on_one_database_follow_each_other(dsn, pg):
 def test_residency_reports_are_per_replica(dsn):
     """Each replica publishes where the catalog's vectors stand on its engine; any replica reads
     every replica's report of a vector, including the ones that do not hold it."""
-    a, b = PostgresCatalog(dsn), PostgresCatalog(dsn)
+    first, second = PostgresCatalog(dsn), PostgresCatalog(dsn)
+    a, b = first.replica_board, second.replica_board
     try:
-        a.publish_residency("a", {"x": Residence(1, "resident"), "y": Residence(2, "resident")})
-        b.publish_residency("b", {"x": Residence(1, "not_resident", "no room: 8 of 8 pinned")})
-        assert [(r.replica, r.generation, r.state, r.reason) for r in b.residency("x")] == [
+        a.publish("a", {"x": Residence(1, "resident"), "y": Residence(2, "resident")})
+        b.publish("b", {"x": Residence(1, "not_resident", "no room: 8 of 8 pinned")})
+        assert [(r.replica, r.generation, r.state, r.reason) for r in b.reports("x")] == [
             ("a", 1, "resident", None), ("b", 1, "not_resident", "no room: 8 of 8 pinned")]
-        assert [(r.replica, r.state) for r in a.residency("y")] == [("a", "resident"), ("b", None)]
-        assert all(isinstance(r, ReplicaResidence) and 0 <= r.age_s < 5 for r in a.residency("y"))
+        assert [(r.replica, r.state) for r in a.reports("y")] == [("a", "resident"), ("b", None)]
+        assert all(isinstance(r, ReplicaResidence) and 0 <= r.age_s < 5 for r in a.reports("y"))
 
-        a.publish_residency("a", {"x": Residence(3, "resident")})  # y deleted, x replaced
-        b.publish_residency("b", {"x": Residence(3, "resident")})
-        assert [(r.replica, r.generation, r.state) for r in b.residency("x")] == [
+        a.publish("a", {"x": Residence(3, "resident")})  # y deleted, x replaced
+        b.publish("b", {"x": Residence(3, "resident")})
+        assert [(r.replica, r.generation, r.state) for r in b.reports("x")] == [
             ("a", 3, "resident"), ("b", 3, "resident")]
-        assert [r.state for r in b.residency("y")] == [None, None]
+        assert [r.state for r in b.reports("y")] == [None, None]
 
         time.sleep(0.3)
-        b.publish_residency("b", {"x": Residence(3, "resident")}, forget_after_s=0.2)
-        assert [r.replica for r in a.residency("x")] == ["b"]  # a went silent: forgotten
-        a.publish_residency("a", {"x": Residence(3, "resident")})  # unchanged, but forgotten
-        assert [(r.replica, r.state) for r in b.residency("x")] == [("a", "resident"),
+        b.publish("b", {"x": Residence(3, "resident")}, forget_after_s=0.2)
+        assert [r.replica for r in a.reports("x")] == ["b"]  # a went silent: forgotten
+        a.publish("a", {"x": Residence(3, "resident")})  # unchanged, but forgotten
+        assert [(r.replica, r.state) for r in b.reports("x")] == [("a", "resident"),
                                                                     ("b", "resident")]
     finally:
-        a.close()
-        b.close()
+        first.close()
+        second.close()
 
 
 # Replicas: control APIs with an engine each, on one PostgreSQL ------------------------------

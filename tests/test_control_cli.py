@@ -14,10 +14,11 @@ import numpy as np
 import pytest
 from safetensors.numpy import save_file
 
-from hotwire.control_api.cli import (EXIT_CODES, EXIT_CONFLICT, EXIT_ERROR, EXIT_FILE,
-                                     EXIT_INVALID, EXIT_OK, EXIT_UNAUTHORIZED, EXIT_UNREACHABLE,
-                                     EXIT_USAGE, build_parser, main)
-from hotwire.control_api.client import ControlClient
+from hotwire.control_api.cli.client import ControlClient
+from hotwire.control_api.cli.exit_codes import (EXIT_CODES, EXIT_CONFLICT, EXIT_ERROR, EXIT_FILE,
+                                                EXIT_INVALID, EXIT_OK, EXIT_UNAUTHORIZED,
+                                                EXIT_UNREACHABLE, EXIT_USAGE)
+from hotwire.control_api.cli.main import build_parser, main
 from hotwire.shared.mailbox import ANY_LAYER
 
 from control_harness import FP, TOKEN, EnginePump, exact_vector, free_port, wait_until

@@ -16,9 +16,8 @@ import numpy as np
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from hotwire.control_api.cli import main
-from hotwire.control_api.engines import rank_paths
-from hotwire.control_api.settings import Settings
+from hotwire.control_api.cli.main import main
+from hotwire.control_api.api.settings import Settings
 from hotwire.shared.mailbox import ANY_LAYER, ControlMailbox
 
 from control_harness import FP, TOKEN, EnginePump, Rig, exact_vector, wait_until
@@ -59,16 +58,6 @@ def _metrics(rig: Rig) -> dict[tuple[str, tuple], float]:
     text = rig.http.get("/metrics").text
     return {(s.name, tuple(sorted(s.labels.items()))): s.value
             for family in text_string_to_metric_families(text) for s in family.samples}
-
-
-def test_rank_paths_are_the_mailbox_and_its_dp_files(tmp_path):
-    base = tmp_path / "engine.mbx"
-    assert rank_paths(base) == {0: base}
-    for name in ("engine.mbx.dp1", "engine.mbx.dp12", "engine.mbx.dp0", "engine.mbx.dp1.77.tmp",
-                 "engine.mbx.dpx", "other.mbx.dp2", "engine.mbx.dp01"):
-        (tmp_path / name).touch()
-    assert rank_paths(base) == {0: base, 1: tmp_path / "engine.mbx.dp1",
-                                12: tmp_path / "engine.mbx.dp12"}
 
 
 def test_a_push_is_written_to_every_rank(rig):

@@ -29,9 +29,9 @@ from fastapi import FastAPI
 from fastapi.testclient import TestClient
 from pydantic import SecretStr
 
-from hotwire.control_api.errors import ApiError, install_error_handlers
-from hotwire.control_api.settings import Settings
-from hotwire.control_api.uploads import MAX_CONCURRENT_UPLOADS, UploadGate
+from hotwire.control_api.api.http_errors import ApiError, install_error_handlers
+from hotwire.control_api.api.settings import Settings
+from hotwire.control_api.api.uploads import MAX_CONCURRENT_UPLOADS, UploadGate
 from hotwire.shared.wire import ModelShape
 
 from control_harness import FP, TOKEN, EnginePump, Rig, exact_vector, free_port, json_body, \

@@ -17,8 +17,8 @@ import numpy as np
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from hotwire.control_api.catalog import Catalog, CatalogLost
-from hotwire.control_api.slots import RECONCILE_PERIOD_S
+from hotwire.control_api.store.sqlite import Catalog, CatalogLost
+from hotwire.control_api.slots.reconcile import RECONCILE_PERIOD_S
 from hotwire.shared.mailbox import ANY_LAYER
 
 from control_harness import FP, Rig, exact_vector, wait_until

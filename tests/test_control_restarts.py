@@ -14,9 +14,9 @@ import numpy as np
 import pytest
 from pydantic import ValidationError
 
-from hotwire.control_api import serve
-from hotwire.control_api.settings import Settings, default_state_dir
-from hotwire.control_api.slots import RECONCILE_PERIOD_S
+from hotwire.control_api.api import serve
+from hotwire.control_api.api.settings import Settings, default_state_dir
+from hotwire.control_api.slots.reconcile import RECONCILE_PERIOD_S
 from hotwire.shared.mailbox import ACTIVE, ANY_LAYER, RETIRING, ControlMailbox
 
 from control_harness import FP, Rig, exact_vector, wait_until

@@ -24,8 +24,8 @@ import pytest
 import yaml
 
 from control_harness import Rig, wait_until
-from hotwire.control_api.app import create_app
-from hotwire.control_api.settings import Settings
+from hotwire.control_api.api.app import create_app
+from hotwire.control_api.api.settings import Settings
 
 ROOT = Path(__file__).resolve().parents[1]
 COMPOSE_TEXT = (ROOT / "docker-compose.yml").read_text()

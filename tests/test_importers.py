@@ -19,7 +19,8 @@ import numpy as np
 import pytest
 import torch
 
-from hotwire.control_api.cli import EXIT_CONFLICT, EXIT_ERROR, EXIT_FILE, EXIT_OK, main
+from hotwire.control_api.cli.exit_codes import EXIT_CONFLICT, EXIT_ERROR, EXIT_FILE, EXIT_OK
+from hotwire.control_api.cli.main import main
 from hotwire.engine_plugin.startup import load_dir
 from hotwire.shared.importers import VectorImportError, import_path
 from hotwire.shared.mailbox import ANY_LAYER

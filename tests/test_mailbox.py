@@ -3,7 +3,8 @@
 import numpy as np
 
 from hotwire.shared.mailbox import (ACTIVE, ANY_LAYER, FLAG_PINNED, FLAG_STARTUP, ControlMailbox,
-                                    EngineMailbox, Fingerprint, MailboxView)
+                                    EngineMailbox, Fingerprint, MailboxView, dp_mailbox_path,
+                                    rank_mailboxes)
 
 FP = Fingerprint("my/model", n_layers=4, hidden=8, dtype="bfloat16")
 
@@ -19,6 +20,18 @@ def test_control_side_sees_the_engines_fingerprint_and_startup_slots(tmp_path):
     assert (e.vector_id, e.state, e.layer) == ("boot", ACTIVE, ANY_LAYER)
     assert e.flags == FLAG_PINNED | FLAG_STARTUP and control.acked(0)
     np.testing.assert_array_equal(e.row, np.full(8, 2.0))
+
+
+def test_each_dp_rank_has_its_own_mailbox_beside_rank_0s(tmp_path):
+    base = tmp_path / "engine.mbx"
+    assert dp_mailbox_path(str(base), 0) == str(base)
+    assert dp_mailbox_path(str(base), 3) == f"{base}.dp3"
+    assert rank_mailboxes(base) == {0: base}
+    for name in ("engine.mbx.dp1", "engine.mbx.dp12", "engine.mbx.dp0", "engine.mbx.dp1.77.tmp",
+                 "engine.mbx.dpx", "other.mbx.dp2", "engine.mbx.dp01"):
+        (tmp_path / name).touch()
+    assert rank_mailboxes(str(base)) == {0: base, 1: tmp_path / "engine.mbx.dp1",
+                                         12: tmp_path / "engine.mbx.dp12"}
 
 
 def test_view_reads_a_version_of_each_active_vector_that_no_later_write_repeats(tmp_path):

@@ -18,8 +18,8 @@ from pathlib import Path
 import pytest
 import yaml
 
-from hotwire.control_api.app import create_app
-from hotwire.control_api.settings import Settings
+from hotwire.control_api.api.app import create_app
+from hotwire.control_api.api.settings import Settings
 from monitoring_files import DASHBOARD_FILE, ROOT, RULES_FILE, dashboard, dashboard_exprs, rules
 
 PROMTOOL = shutil.which("promtool")

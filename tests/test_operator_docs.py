@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 from pydantic_core import PydanticUndefined
 
-from hotwire.control_api.settings import Settings
+from hotwire.control_api.api.settings import Settings
 
 ROOT = Path(__file__).resolve().parents[1]
 README = (ROOT / "README.md").read_text()

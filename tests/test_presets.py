@@ -18,10 +18,11 @@ import psycopg
 import pytest
 from pydantic import SecretStr
 
-from hotwire.control_api.catalog import Catalog
-from hotwire.control_api.catalog_postgres import PostgresCatalog
-from hotwire.control_api.cli import (EXIT_CONFLICT, EXIT_ERROR, EXIT_FILE, EXIT_INVALID, EXIT_OK,
-                                     EXIT_UNAUTHORIZED, EXIT_USAGE, main)
+from hotwire.control_api.store.sqlite import Catalog
+from hotwire.control_api.store.postgres import PostgresCatalog
+from hotwire.control_api.cli.exit_codes import (EXIT_CONFLICT, EXIT_ERROR, EXIT_FILE, EXIT_INVALID,
+                                                EXIT_OK, EXIT_UNAUTHORIZED, EXIT_USAGE)
+from hotwire.control_api.cli.main import main
 from hotwire.shared.wire import encode_safetensors
 
 from control_harness import FP, TOKEN, Rig, exact_vector

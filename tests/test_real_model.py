@@ -76,7 +76,7 @@ def hf(model_dir):
 @pytest.fixture(scope="module")
 def gloom_dir(tmp_path_factory, model_dir) -> Path:
     """The gloom vector, made by the CLI: ``hotwire vectors make``."""
-    from hotwire.control_api.cli import main
+    from hotwire.control_api.cli.main import main
 
     d = tmp_path_factory.mktemp("vectors")
     args = ["vectors", "make", str(d / "gloom.safetensors"), "--model", str(model_dir), "--layer", str(LAYER),

@@ -3,8 +3,8 @@
 Services (catalog, engines, replica reports, metrics) are made in the lifespan, not at import
 or construction, so building the app touches no disk and two apps never share state. The
 lifespan reconciles every rank once before serving, then every ``RECONCILE_PERIOD_S`` in the
-background; with a PostgreSQL catalog it also publishes this replica's residency report about
-every second (see :mod:`.replicas`).
+background; with a catalog shared by replicas (PostgreSQL) it also publishes this replica's
+residency report about every second (see :mod:`..slots.replicas`).
 """
 
 from __future__ import annotations
@@ -17,12 +17,12 @@ from importlib.metadata import version
 
 from fastapi import FastAPI
 
-from .catalog_store import catalog_location, open_catalog
+from ..slots.engines import Engines
+from ..slots.replicas import ReplicaReports
+from ..store.catalog import catalog_location, open_catalog
 from .dependencies import Services
-from .engines import Engines
-from .errors import install_error_handlers
+from .http_errors import install_error_handlers
 from .metrics import Metrics, count_uploads
-from .replicas import ReplicaReports
 from .routers import health, presets, slots, vectors
 from .settings import Settings
 
@@ -36,26 +36,21 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         if settings.token is None:
             log.warning("HOTWIRE_TOKEN is not set: anyone who can reach this API can change vectors")
-        catalog = open_catalog(settings)
+        dsn = None if settings.catalog_dsn is None else settings.catalog_dsn.get_secret_value()
+        catalog = open_catalog(dsn, settings.catalog_path)
         log.info("catalog %s: %d vector(s); engine vectors it does not know are %s",
-                 catalog_location(settings), len(catalog.records()),
+                 catalog_location(dsn, settings.catalog_path), len(catalog.records()),
                  "adopted" if settings.unknown_vectors == "adopt" else "retired")
         engines = Engines(catalog, settings.mailbox, evict_timeout_s=settings.evict_timeout_s,
                           heartbeat_timeout_s=settings.heartbeat_timeout_s,
                           unknown_vectors=settings.unknown_vectors)
-        shared = None
-        if settings.catalog_dsn is not None:
-            from .catalog_postgres import PostgresCatalog  # psycopg is an optional extra
-
-            assert isinstance(catalog, PostgresCatalog)
-            shared = catalog
-        replicas = ReplicaReports(settings.replica, engines, shared)
+        replicas = ReplicaReports(settings.replica, engines, catalog.replica_board)
         app.state.services = Services(settings, catalog, engines, replicas,
                                       Metrics(catalog, engines))
         async with engines.lock:
             engines.reconcile()
         tasks = [asyncio.create_task(engines.run(), name="hotwire-reconcile")]
-        if shared is not None:
+        if replicas.shared:
             tasks.append(asyncio.create_task(replicas.run(), name="hotwire-residency"))
         try:
             yield

@@ -1,7 +1,10 @@
 """Errors as data: every failure leaves the API as ``{"error": {"code", "message"}}``.
 
 ``code`` is stable and machine-readable; ``message`` says what was wrong and, where it helps,
-what to do. Codes in use:
+what to do. This is the one place failures become HTTP: the domain's errors
+(:mod:`hotwire.control_api.errors`) by their kind (:data:`STATUS`), the vector checks'
+(:class:`~hotwire.shared.wire.VectorError`) by their own status, and the API layer's own
+refusals (:class:`ApiError`: tokens, bodies, request syntax) as raised. Codes in use:
 
 =====  =========================================================================
 401    ``unauthorized``: missing or wrong bearer token on a write (or on a read, when
@@ -19,7 +22,8 @@ what to do. Codes in use:
        ``bad_shape``, ``bad_encoding``, ``not_finite``
 500    ``internal_error``: a bug; the traceback is logged
 503    ``no_engine``, ``engine_starting``, ``engine_unresponsive``, ``engine_restarted``,
-       ``busy`` (uploads waited too long for their turn)
+       ``busy`` (uploads waited too long for their turn), ``catalog_lost`` (the SQLite file
+       was removed or replaced), ``catalog_unavailable`` (PostgreSQL unreachable)
 507    ``no_space`` (nothing evictable), ``evict_timeout`` (evicted slots stayed busy),
        ``disk_full`` (the catalog could not be written; nothing was changed)
 =====  =========================================================================
@@ -41,6 +45,8 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from hotwire.shared.wire import VectorError
 
+from ..errors import Conflict, ControlError, NoRoom, NotFound, Unavailable
+
 log = logging.getLogger("hotwire.control_api")
 _SQLITE_FULL = 13  # sqlite3.SQLITE_FULL, named there from Python 3.11 on
 
@@ -54,8 +60,13 @@ class ErrorBody(BaseModel):
     error: ErrorDetail
 
 
+STATUS: dict[type[ControlError], int] = {NotFound: 404, Conflict: 409, Unavailable: 503,
+                                         NoRoom: 507}
+
+
 class ApiError(Exception):
-    """Raise anywhere below a route to answer with ``status`` and an error body."""
+    """A refusal of the HTTP layer itself (a token, a body, the request's syntax): answered with
+    ``status`` and an error body. Below the API, raise a domain error instead."""
 
     def __init__(self, status: int, code: str, message: str, headers: dict[str, str] | None = None):
         super().__init__(message)
@@ -82,6 +93,9 @@ def install_error_handlers(app: FastAPI) -> None:
     async def api_error(_: Request, exc: ApiError) -> JSONResponse:
         return error_response(exc.status, exc.code, exc.message, exc.headers)
 
+    async def domain_error(_: Request, exc: ControlError) -> JSONResponse:
+        return error_response(status_of(exc), exc.code, exc.message)
+
     async def vector_error(_: Request, exc: VectorError) -> JSONResponse:
         return error_response(exc.status, exc.code, exc.detail)
 
@@ -95,10 +109,16 @@ def install_error_handlers(app: FastAPI) -> None:
         return error_response(exc.status_code, code, str(exc.detail), exc.headers)
 
     app.add_exception_handler(ApiError, api_error)
+    app.add_exception_handler(ControlError, domain_error)
     app.add_exception_handler(VectorError, vector_error)
     app.add_exception_handler(RequestValidationError, validation_error)
     app.add_exception_handler(HTTPException, http_error)
     app.add_middleware(UnhandledErrors)
+
+
+def status_of(error: ControlError) -> int:
+    """The HTTP status of a domain error, by its kind (500 for a kind :data:`STATUS` lacks)."""
+    return next((STATUS[kind] for kind in type(error).__mro__ if kind in STATUS), 500)
 
 
 def _method_not_allowed(request: Request) -> Response:

@@ -1,7 +1,8 @@
 """Prometheus metrics: read from the catalog and the mailboxes at scrape time, plus upload results.
 
 Engine metrics carry a ``dp_rank`` label (``"0"`` for an engine without data parallelism), one
-series per rank the control API feeds; catalog metrics and upload counts have none. Each app has
+series per rank the control API feeds; catalog metrics and upload counts have none. The engine's
+counters are exposed as :data:`hotwire.shared.engine_counters.ENGINE_COUNTERS` declares them. Each app has
 its own registry, so several apps in one process (tests) do not collide.
 """
 
@@ -14,11 +15,12 @@ from prometheus_client import CollectorRegistry, Counter, generate_latest
 from prometheus_client.metrics_core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
-from .catalog_store import CatalogStore
-from .engines import Engines
+from hotwire.shared.engine_counters import ENGINE_COUNTERS, LABELLED
 
-UNSTEERED = "unsteered_"
-HOOKS = ("core", "schedule", "batch")  # hotwire's per-step hooks (engine_plugin.counters)
+from ..slots.engines import Engines
+from ..store.catalog import CatalogStore
+
+EXPOSED = [c for c in ENGINE_COUNTERS if c.metric is not None]
 
 
 class StateCollector(Collector):
@@ -48,69 +50,36 @@ class StateCollector(Collector):
         lag = GaugeMetricFamily("hotwire_mailbox_unapplied_generations",
                                 "Mailbox generations written but not yet applied by the engine",
                                 labels=rank)
-        steered = CounterMetricFamily("hotwire_engine_steered_requests",
-                                      "Requests that arrived with a valid, resolvable spec",
-                                      labels=rank)
-        unsteered = CounterMetricFamily("hotwire_engine_unsteered_requests",
-                                        "Requests run unsteered, by reason",
-                                        labels=[*rank, "reason"])
-        applied = CounterMetricFamily("hotwire_engine_mailbox_rows_applied",
-                                      "Mailbox rows the engine copied into its bank", labels=rank)
-        torn = CounterMetricFamily("hotwire_engine_mailbox_torn_reads",
-                                   "Mailbox entries the engine skipped mid-write", labels=rank)
-        steps = CounterMetricFamily("hotwire_engine_steps", "Engine steps hotwire routed",
-                                    labels=rank)
-        host = CounterMetricFamily("hotwire_engine_host_seconds",
-                                   "Time hotwire's per-step work held the engine's step thread",
-                                   labels=rank)
-        hooks = CounterMetricFamily("hotwire_engine_hook_host_seconds",
-                                    "hotwire_engine_host_seconds by per-step hook: core (the engine core's "
-                                    "schedule hook), schedule and batch (the rank's, where it shares the "
-                                    "core's process)", labels=[*rank, "hook"])
-        changed = CounterMetricFamily("hotwire_engine_changed_steps",
-                                      "Engine steps in which requests arrived or left", labels=rank)
-        changed_host = CounterMetricFamily("hotwire_engine_changed_host_seconds",
-                                           "The part of hotwire_engine_host_seconds spent in those steps",
-                                           labels=rank)
-        heartbeat_cpu = CounterMetricFamily("hotwire_engine_heartbeat_cpu_seconds",
-                                            "CPU time of the engine's hotwire heartbeat thread", labels=rank)
-        gates = CounterMetricFamily("hotwire_engine_gate_opened_tokens",
-                                    "Tokens for which a gated entry's gate opened", labels=rank)
+        counted: dict[str, CounterMetricFamily] = {}
+        for c in EXPOSED:
+            if c.metric not in counted:
+                label, about = LABELLED.get(c.metric, (None, c.help))
+                counted[c.metric] = CounterMetricFamily(c.metric, about, labels=[
+                    *rank, *([label] if label else [])])
         evicted = CounterMetricFamily("hotwire_evicted_vectors", "Vectors evicted to make room",
                                       labels=rank)
         adopted = CounterMetricFamily("hotwire_adopted_vectors",
                                       "Engine vectors the catalog did not know, adopted into it",
                                       labels=rank)
-        by_name = {"steered_requests": steered, "mailbox_rows_applied": applied,
-                   "mailbox_torn_reads": torn, "gate_opened_tokens": gates}
-        for manager in self.engines:
-            label = [str(manager.rank)]
-            view = manager.view()
+        for engine in self.engines:
+            label = [str(engine.rank)]
+            view = engine.view()
             attached.add_metric(label, int(view is not None))
-            evicted.add_metric(label, manager.evicted_total)
-            adopted.add_metric(label, manager.adopted_total)
+            evicted.add_metric(label, engine.evicted_total)
+            adopted.add_metric(label, engine.adopted_total)
             if view is None:
                 continue
-            resident.add_metric(label, sum(manager.residency(r, view).resident for r in records))
+            resident.add_metric(label, sum(engine.residency(r, view).resident for r in records))
             used.add_metric(label, view.table.used)
             total.add_metric(label, view.table.n_slots)
             heartbeat.add_metric(label, view.heartbeat_age_s)
             lag.add_metric(label, max(0, view.target_gen - view.applied_gen))
-            counters = view.counters
-            for name, value in counters.items():
-                if name.startswith(UNSTEERED):
-                    unsteered.add_metric([*label, name[len(UNSTEERED):]], value)
-                elif name in by_name:
-                    by_name[name].add_metric(label, value)
-            steps.add_metric(label, counters["steps"])
-            host.add_metric(label, counters["host_ns"] / 1e9)
-            for hook in HOOKS:
-                hooks.add_metric([*label, hook], counters[f"host_ns_{hook}"] / 1e9)
-            changed.add_metric(label, counters["steps_changed"])
-            changed_host.add_metric(label, counters["host_ns_changed"] / 1e9)
-            heartbeat_cpu.add_metric(label, counters["heartbeat_ns"] / 1e9)
-        yield from (attached, resident, used, total, heartbeat, lag, steered, unsteered, applied,
-                    torn, steps, host, hooks, changed, changed_host, heartbeat_cpu, gates, evicted, adopted)
+            for c in EXPOSED:
+                value = view.counters[c.name]
+                counted[c.metric].add_metric([*label, *([c.label] if c.label else [])],
+                                             value / 1e9 if c.seconds else value)
+        yield from (attached, resident, used, total, heartbeat, lag, *counted.values(), evicted,
+                    adopted)
 
 
 class Metrics:

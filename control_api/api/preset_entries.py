@@ -1,4 +1,4 @@
-"""Presets: named steering recipes kept in the catalog.
+"""Presets: named steering recipes kept in the catalog, and the check of their entries.
 
 A preset is a list of spec entries (the same objects a request's ``hotwire`` spec holds) under a
 name, so a request can say ``{"preset": "calm"}`` instead of spelling the entries out. It is a
@@ -11,31 +11,11 @@ accepts is one the engine can parse; a preset cannot name another preset.
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass
 from typing import Any
 
 from hotwire.shared.spec import SpecError, parse_spec
 
-from .errors import ApiError
-
-
-@dataclass(frozen=True)
-class PresetRecord:
-    """One stored preset; ``entries`` as they were posted (JSON objects), in their order."""
-
-    name: str
-    entries: tuple[dict[str, Any], ...]
-    description: str | None
-    created_at: float
-
-
-class PresetExists(Exception):
-    """``put_preset(replace=False)`` of a name the catalog holds (possibly written by another
-    replica a moment ago): the caller answers 409."""
-
-    def __init__(self, name: str):
-        super().__init__(f"preset {name!r} exists")
-        self.name = name
+from .http_errors import ApiError
 
 
 def check_entries(entries: list[dict[str, Any]]) -> tuple[dict[str, Any], ...]:
@@ -62,7 +42,3 @@ def _parse(spec: Any, where: str) -> None:
         parse_spec(spec)
     except SpecError as e:
         raise ApiError(422, "bad_entries", f"{where}{e.reason}: {e.detail}") from None
-
-
-def unknown_preset(name: str) -> ApiError:
-    return ApiError(404, "unknown_preset", f"no preset {name!r}")

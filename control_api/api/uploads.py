@@ -2,7 +2,7 @@
 
 Everything that needs no engine is checked here (size, content type, fields, id syntax, dtype,
 encoding, metadata); shape, finiteness and layers are checked against the attached engine's model
-by the slot manager. The body is read with a hard cap, so an oversized upload costs at most the
+by the upload protocol (:mod:`..slots.registration`). The body is read with a hard cap, so an oversized upload costs at most the
 cap, and at most :data:`MAX_CONCURRENT_UPLOADS` are read at once (see :class:`UploadGate`).
 Decoding runs on a worker thread, in slices that let the event loop run, so probes and reads
 answer while large uploads are decoded.
@@ -13,7 +13,6 @@ from __future__ import annotations
 import json
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
-from dataclasses import dataclass
 from typing import Any
 
 import anyio
@@ -30,7 +29,8 @@ from hotwire.shared.metadata import MAX_METADATA_DEPTH, metadata_problem
 from hotwire.shared.spec import ID_PATTERN, valid_id
 from hotwire.shared.wire import DTYPE_NAMES, decode_base64, dtype_code, read_safetensors
 
-from .errors import ApiError, describe_validation
+from ..slots.registration import Upload
+from .http_errors import ApiError, describe_validation
 
 MAX_CONCURRENT_UPLOADS = 2  # each costs up to about 4x the upload limit in memory while decoded
 UPLOAD_WAIT_S = 30.0  # how long an upload waits for its turn before a 503
@@ -115,17 +115,6 @@ OPENAPI_BODY = {"requestBody": {"required": True, "content": {
     "application/json": {"schema": JsonUpload.model_json_schema()},
     "multipart/form-data": {"schema": FORM_SCHEMA},
 }}}
-
-
-@dataclass(frozen=True)
-class Upload:
-    vector_id: str
-    vector: np.ndarray  # float32, in the uploaded shape
-    dtype: str  # element type as uploaded
-    layers: tuple[int, ...] | None
-    pinned: bool
-    metadata: dict[str, Any]
-    replace: bool
 
 
 async def read_upload(request: Request, max_bytes: int) -> Upload:

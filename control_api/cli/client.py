@@ -15,8 +15,8 @@ from typing import Any
 import httpx
 import numpy as np
 
-from .cli import (EXIT_CONFLICT, EXIT_ERROR, EXIT_FILE, EXIT_INVALID, EXIT_OK, EXIT_UNAUTHORIZED,
-                  EXIT_UNREACHABLE, EXIT_USAGE)
+from .exit_codes import (EXIT_CONFLICT, EXIT_ERROR, EXIT_FILE, EXIT_INVALID, EXIT_OK,
+                         EXIT_UNAUTHORIZED, EXIT_UNREACHABLE, EXIT_USAGE)
 
 DEFAULT_URL = "http://127.0.0.1:8001"
 
@@ -36,7 +36,7 @@ class ControlApiError(Exception):
 
     @property
     def exit_code(self) -> int:
-        """The CLI's exit status for this failure (constants in :mod:`hotwire.control_api.cli`)."""
+        """The CLI's exit status for this failure (constants in :mod:`.exit_codes`)."""
         if self.status == 0:
             return _LOCAL_EXITS.get(self.code, EXIT_ERROR)
         return _HTTP_EXITS.get(self.status, EXIT_ERROR)

@@ -13,29 +13,15 @@ import importlib
 import sys
 from importlib.metadata import PackageNotFoundError, version
 
-# Exit statuses of every client command (vectors, presets, slots); 2 is also argparse's usage error.
-EXIT_OK = 0
-EXIT_ERROR = 1  # any other failure: 404, 5xx (no engine, no space, ...), a transport error
-EXIT_USAGE = 2  # bad arguments
-EXIT_UNREACHABLE = 3  # cannot connect to the control API
-EXIT_UNAUTHORIZED = 4  # HTTP 401/403: missing or wrong token
-EXIT_CONFLICT = 5  # HTTP 409: the id exists (use --replace) or belongs to the engine
-EXIT_INVALID = 6  # HTTP 400/413/415/422: the request or the vector was refused as invalid
-EXIT_FILE = 7  # a local file is missing, unreadable or not the format it claims
-
-EXIT_CODES = {EXIT_OK: "success", EXIT_ERROR: "other error (server message on stderr)",
-              EXIT_USAGE: "bad arguments", EXIT_UNREACHABLE: "cannot connect to the control API",
-              EXIT_UNAUTHORIZED: "unauthorized (HTTP 401): missing or wrong --token",
-              EXIT_CONFLICT: "conflict (HTTP 409): the id exists; use --replace",
-              EXIT_INVALID: "invalid (HTTP 400/413/415/422): vector or request refused",
-              EXIT_FILE: "a local file is missing, unreadable or malformed"}
+from .exit_codes import EXIT_CODES
 
 COMMANDS: dict[str, tuple[str, str]] = {
-    "control-api": ("hotwire.control_api.serve", "run the control API server"),
-    "vectors": ("hotwire.control_api.vectors_cli", "push, list and remove steering vectors; make one"),
-    "presets": ("hotwire.control_api.presets_cli", "store, list and remove presets (named "
+    "control-api": ("hotwire.control_api.api.serve", "run the control API server"),
+    "vectors": ("hotwire.control_api.cli.vectors_command", "push, list and remove steering "
+                "vectors; make one"),
+    "presets": ("hotwire.control_api.cli.presets_command", "store, list and remove presets (named "
                 "lists of spec entries)"),
-    "slots": ("hotwire.control_api.slots_cli", "show the engine's slot table"),
+    "slots": ("hotwire.control_api.cli.slots_command", "show the engine's slot table"),
     "demo": ("hotwire.tools.demo", "steered vs unsteered answers of a real chat model (SmolLM2), end to end"),
     "verify": ("hotwire.tools.verify", "check steering, batchmate exactness and cost on a model"),
 }
@@ -72,7 +58,3 @@ def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     args = build_parser(argv).parse_args(argv)
     return args.run(args)
-
-
-if __name__ == "__main__":
-    sys.exit(main())

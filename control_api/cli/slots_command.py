@@ -5,8 +5,8 @@ from __future__ import annotations
 import argparse
 import json
 
+from ..layer_lists import format_layers
 from .client import ControlClient, add_client_options, client_command
-from .placement import format_layers
 from .tables import format_table
 
 

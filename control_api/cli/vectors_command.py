@@ -138,7 +138,7 @@ def read_prompts(texts: list[str], path: Path | None) -> list[str]:
 
 
 def _make(args: argparse.Namespace) -> int:
-    from hotwire.control_api.cli import EXIT_FILE, EXIT_USAGE
+    from .exit_codes import EXIT_FILE, EXIT_USAGE
 
     try:
         positive = read_prompts(args.positive, args.positive_file)

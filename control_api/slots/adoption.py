@@ -25,8 +25,8 @@ import numpy as np
 
 from hotwire.shared.mailbox import ACTIVE, ANY_LAYER, ControlMailbox
 
-from .catalog import VectorRecord
-from .catalog_store import CatalogStore
+from ..store.catalog import CatalogStore
+from ..store.records import VectorRecord
 from .snapshot import SlotUse, TableSnapshot
 
 Verdict = Literal["keep", "stale", "deleted", "unknown", "newer"]

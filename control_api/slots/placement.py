@@ -16,6 +16,8 @@ import numpy as np
 from hotwire.shared.mailbox import ANY_LAYER, Fingerprint
 from hotwire.shared.wire import VectorError, check_vector
 
+from ..layer_lists import format_layers
+
 
 def is_per_layer(shape: Sequence[int], fp: Fingerprint) -> bool:
     return len(shape) == 2 and shape[0] == fp.n_layers
@@ -59,14 +61,3 @@ def mailbox_rows(vector: np.ndarray, fp: Fingerprint,
     if layers == (ANY_LAYER,):
         return [(ANY_LAYER, checked[0])]
     return [(layer, checked[layer]) for layer in layers]
-
-
-def format_layers(layers: Sequence[int]) -> str:
-    """``[0, 1, 2, 5]`` -> ``"0-2,5"``."""
-    spans: list[list[int]] = []
-    for layer in sorted(layers):
-        if spans and layer == spans[-1][1] + 1:
-            spans[-1][1] = layer
-        else:
-            spans.append([layer, layer])
-    return ",".join(str(a) if a == b else f"{a}-{b}" for a, b in spans) or "none"

@@ -80,7 +80,6 @@ class TableSnapshot:
         state = d["state"]
         corrupt = _corrupt(d, e, box.fingerprint.n_layers)
         self.n_slots = box.n_slots
-        self.corrupt = np.flatnonzero(corrupt).tolist()
         self.reusable = np.flatnonzero(_reusable(d, e, corrupt)).tolist()
         # Retired, held by no request, only the engine's ack missing: reusable within a step.
         self.draining = np.flatnonzero(((state == RETIRING) | corrupt) & ~acked & (e["inflight"] == 0)).tolist()
@@ -103,8 +102,8 @@ class TableSnapshot:
 
 
 @dataclass(frozen=True)
-class EngineView:
-    """What an attached engine's mailbox showed at one moment."""
+class EngineSnapshot:
+    """What an attached engine's mailbox showed at one moment: its header and its table."""
 
     fingerprint: Fingerprint
     epoch: int
@@ -117,7 +116,7 @@ class EngineView:
     table: TableSnapshot
 
     @classmethod
-    def read(cls, box: ControlMailbox) -> EngineView:
+    def read(cls, box: ControlMailbox) -> EngineSnapshot:
         hd = box.header
         return cls(box.fingerprint, box.epoch, int(hd["engine_pid"]), tuple(box.armed_layers()),
                    int(hd["target_gen"]), int(hd["applied_gen"]), box.heartbeat_age_s(),

@@ -1,38 +1,41 @@
 """What the control API needs of a catalog, and which backend a deployment gets.
 
-Two backends keep the same contract: :class:`.catalog.Catalog` (embedded SQLite in the state
+Two backends keep the same contract: :class:`.sqlite.Catalog` (embedded SQLite in the state
 directory, the default: one control API per catalog) and
-:class:`.catalog_postgres.PostgresCatalog` (one PostgreSQL database shared by the control APIs of
+:class:`.postgres.PostgresCatalog` (one PostgreSQL database shared by the control APIs of
 N replicas, chosen by ``HOTWIRE_CATALOG_DSN``). Contract of both: every write is one committed
 transaction and the in-memory records change only after the commit; reads of metadata come from
 memory; an id's generation grows across its whole history, deletes included; ``put`` with
 ``replace=False`` creates only (``VectorExists``, checked where the data lives, so two replicas
 creating one id cannot both succeed); ``put`` with ``generation`` is idempotent (adopting a
-record already at that generation changes nothing); ``write_refusal`` is the 503 every write
-gets while ``problem()`` is set (``catalog_lost`` for a lost SQLite file, ``catalog_unavailable``
-for an unreachable database). Presets: ``put_preset(replace=False)`` creates only
-(``PresetExists``, checked where the data lives); PostgreSQL reads them through, SQLite from
-memory.
+record already at that generation changes nothing); ``require_writable`` raises the
+``Unavailable`` every write gets while ``problem()`` is set (``catalog_lost`` for a lost SQLite
+file, ``catalog_unavailable`` for an unreachable database). Presets: ``put_preset(replace=False)``
+creates only (``PresetExists``, checked where the data lives); PostgreSQL reads them through,
+SQLite from memory. ``replica_board``: where the replicas sharing the catalog report residency
+(:mod:`.replica_board`), ``None`` for SQLite.
 """
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any, Protocol
 
 import numpy as np
 
-from .catalog import Catalog, VectorRecord
-from .errors import ApiError
-from .presets import PresetRecord
-from .settings import Settings
+from .records import PresetRecord, VectorRecord
+from .replica_board import ReplicaBoard
+from .sqlite import Catalog
 
 
 class CatalogStore(Protocol):
-    """The catalog interface the slot manager, routers and metrics use."""
+    """The catalog interface the slot tables, routers and metrics use."""
+
+    replica_board: ReplicaBoard | None
 
     def problem(self) -> str | None: ...
 
-    def write_refusal(self) -> ApiError | None: ...
+    def require_writable(self) -> None: ...
 
     def records(self) -> dict[str, VectorRecord]: ...
 
@@ -62,20 +65,19 @@ class CatalogStore(Protocol):
     def close(self) -> None: ...
 
 
-def open_catalog(settings: Settings) -> CatalogStore:
-    """PostgreSQL when ``settings.catalog_dsn`` is set, else SQLite in ``settings.state_dir``."""
-    if settings.catalog_dsn is None:
-        return Catalog(settings.catalog_path)
-    from .catalog_postgres import PostgresCatalog  # psycopg is an optional extra
+def open_catalog(dsn: str | None, sqlite_path: Path) -> CatalogStore:
+    """PostgreSQL at ``dsn`` when one is given, else SQLite at ``sqlite_path``."""
+    if dsn is None:
+        return Catalog(sqlite_path)
+    from .postgres import PostgresCatalog  # psycopg is an optional extra
 
-    return PostgresCatalog(settings.catalog_dsn.get_secret_value())
+    return PostgresCatalog(dsn)
 
 
-def catalog_location(settings: Settings) -> str:
-    """Where the catalog of ``settings`` lives, for logs: a path, or the database without its
-    password."""
-    if settings.catalog_dsn is None:
-        return str(settings.catalog_path.absolute())
-    from .catalog_postgres import describe_dsn
+def catalog_location(dsn: str | None, sqlite_path: Path) -> str:
+    """Where that catalog lives, for logs: a path, or the database without its password."""
+    if dsn is None:
+        return str(sqlite_path.absolute())
+    from .postgres_db import describe_dsn
 
-    return f"PostgreSQL {describe_dsn(settings.catalog_dsn.get_secret_value())}"
+    return f"PostgreSQL {describe_dsn(dsn)}"

@@ -1,6 +1,6 @@
 """Vector catalog in PostgreSQL, shared by the control APIs of N replicas.
 
-Same contract as :class:`.catalog.Catalog` (see :mod:`.catalog_store`), plus what sharing needs:
+Same contract as :class:`.sqlite.Catalog` (see :mod:`.catalog`), plus what sharing needs:
 
 - Every write takes the one row of ``hotwire_catalog_state`` first (``seq = seq + 1``), so writes
   from all replicas commit in ``seq`` order, and stamps the id's ``changed_seq`` with it. An id's
@@ -14,21 +14,22 @@ Same contract as :class:`.catalog.Catalog` (see :mod:`.catalog_store`), plus wha
 - Memory is updated per id only by a change at least as new (by ``seq``) as the one it holds, so
   the listener and this process's own commits may apply in any order.
 - A create (``put(replace=False)``) checks that the id has no record after taking the ``seq``
-  row, so of two replicas creating one id at once the second gets :class:`.catalog.VectorExists`
-  (409), never a silent replace; an adoption (``put(generation=G)``) of a record already at
+  row, so of two replicas creating one id at once the second gets :class:`.records.VectorExists`
+  (``exists``), never a silent replace; an adoption (``put(generation=G)``) of a record already at
   ``G`` is a no-op, so replicas adopting the same engine vector at once both succeed.
 - While the database is unreachable the last records read stay in memory (the engine keeps its
-  vectors), :meth:`problem` says why, writes raise ``ApiError(503, "catalog_unavailable")``, and
+  vectors), :meth:`problem` says why, writes raise ``Unavailable("catalog_unavailable")``, and
   the listener reconnects with backoff, then catches up. The constructor fails instead: a
   replica that never read the catalog must not reconcile its engine to an empty one.
 
-Presets (:mod:`.presets`, table ``hotwire_presets``) are read from the database on every call,
-not kept in memory: a preset written through one replica is seen by every other at once, with no
-notification to wait for. While the database is unreachable their reads fail with 503 like writes
+Presets (table ``hotwire_presets``) are read from the database on every call, not kept in
+memory: a preset written through one replica is seen by every other at once, with no
+notification to wait for. While the database is unreachable their reads fail like writes
 (vectors keep serving from memory because the engines depend on them; a preset is only looked up).
 The table was added without a schema version bump: older builds ignore it.
 
-The DSN's password never reaches a log or an error message (:func:`describe_dsn`).
+The replicas' residency reports are the catalog's :attr:`PostgresCatalog.replica_board`
+(:mod:`.replica_board`); the schema and the connections are :mod:`.postgres_db`'s.
 """
 
 from __future__ import annotations
@@ -37,129 +38,31 @@ import json
 import logging
 import threading
 import time
-from collections.abc import Callable, Iterable, Mapping
-from dataclasses import dataclass
-from typing import Any, TypeVar
+from collections.abc import Iterable
+from typing import Any
 
 import numpy as np
 import psycopg
-from psycopg.conninfo import conninfo_to_dict
 
 from hotwire.shared.wire import decode_safetensors, encode_safetensors
 
-from .catalog import StaleGeneration, VectorExists, VectorRecord
-from .errors import ApiError
-from .presets import PresetExists, PresetRecord
+from .postgres_db import Database
+from .records import PresetExists, PresetRecord, StaleGeneration, VectorExists, VectorRecord
+from .replica_board import PostgresReplicaBoard
 
 log = logging.getLogger("hotwire.control_api")
 
-SCHEMA_VERSION = 1
 CHANNEL = "hotwire_catalog"
 POLL_S = 2.0
 BACKOFF_S = (0.2, 5.0)  # first and longest wait between reconnect attempts
 _WAKE_S = 0.25  # the listener notices close() within this
 
-_SCHEMA = """
-CREATE TABLE IF NOT EXISTS hotwire_catalog_state (
-    singleton       boolean PRIMARY KEY DEFAULT true CHECK (singleton),
-    schema_version  integer NOT NULL,
-    seq             bigint  NOT NULL      -- one more per committed write, catalog-wide
-);
-INSERT INTO hotwire_catalog_state (singleton, schema_version, seq) VALUES (true, {version}, 0)
-    ON CONFLICT (singleton) DO NOTHING;
-CREATE TABLE IF NOT EXISTS hotwire_generations (
-    id           text   PRIMARY KEY,
-    last         bigint NOT NULL,         -- highest generation ever given to this id
-    changed_seq  bigint NOT NULL          -- seq of the id's last write
-);
-CREATE INDEX IF NOT EXISTS hotwire_generations_changed ON hotwire_generations (changed_seq);
-CREATE TABLE IF NOT EXISTS hotwire_vectors (
-    id          text PRIMARY KEY,
-    generation  bigint NOT NULL,
-    dtype       text NOT NULL,            -- element type as uploaded; stored data is float32
-    shape       json NOT NULL,            -- list, as uploaded
-    layers      json,                     -- layers to materialise; NULL = every armed layer
-    pinned      boolean NOT NULL,
-    metadata    json NOT NULL,
-    data        bytea NOT NULL,           -- float32 safetensors
-    created_at  double precision NOT NULL,
-    updated_at  double precision NOT NULL
-);
-CREATE TABLE IF NOT EXISTS hotwire_replicas (
-    replica  text PRIMARY KEY,
-    seen_at  timestamptz NOT NULL         -- its last residency publish, by the database's clock
-);
-CREATE TABLE IF NOT EXISTS hotwire_residency (
-    replica     text NOT NULL REFERENCES hotwire_replicas ON DELETE CASCADE,
-    vector_id   text NOT NULL,
-    generation  bigint NOT NULL,          -- the catalog generation this state is about
-    state       text NOT NULL,            -- as GET /steer/vectors says it on that replica
-    reason      text,
-    PRIMARY KEY (replica, vector_id)
-);
-CREATE INDEX IF NOT EXISTS hotwire_residency_vector ON hotwire_residency (vector_id);
-CREATE TABLE IF NOT EXISTS hotwire_presets (
-    name         text PRIMARY KEY,
-    entries      json NOT NULL,            -- list of spec entries, as posted
-    description  text,
-    created_at   double precision NOT NULL
-);
-""".format(version=SCHEMA_VERSION)
 _RECORD = ("v.id, v.generation, v.dtype, v.shape::text, v.layers::text, v.pinned, "
            "v.metadata::text, v.created_at, v.updated_at")
 _PRESET = "name, entries::text, description, created_at"
 # Ids with their latest change's seq, their high-water mark, then the record (NULLs if none).
 _CHANGES = (f"SELECT g.id, g.changed_seq, g.last, {_RECORD} FROM hotwire_generations g "
             "LEFT JOIN hotwire_vectors v ON v.id = g.id")
-# libpq settings that make a dead server or network noticed in seconds; a DSN's own win.
-_CONNECT_DEFAULTS = {"connect_timeout": "5", "keepalives": "1", "keepalives_idle": "10",
-                     "keepalives_interval": "5", "keepalives_count": "3",
-                     "tcp_user_timeout": "15000"}
-
-FORGET_REPLICA_S = 3600.0  # a replica that published nothing for this long is dropped
-
-T = TypeVar("T")
-
-
-@dataclass(frozen=True)
-class Residence:
-    """Where one catalog vector stands on one replica's engine."""
-
-    generation: int
-    state: str  # a ResidencyState of the slot manager: resident, not_resident, incompatible, ...
-    reason: str | None = None
-
-
-@dataclass(frozen=True)
-class ReplicaResidence:
-    """One replica's last published report on one vector; ``state`` is ``None`` when that
-    replica's report does not mention the vector."""
-
-    replica: str
-    generation: int | None
-    state: str | None
-    reason: str | None
-    age_s: float  # since that replica last published (any vector), by the database's clock
-
-
-def describe_dsn(dsn: str) -> str:
-    """``user@host:port/dbname`` of a DSN, for logs: never the password."""
-    try:
-        info = conninfo_to_dict(dsn)
-    except psycopg.ProgrammingError:
-        return "(unparsable DSN)"
-    user = f"{info['user']}@" if info.get("user") else ""
-    port = f":{info['port']}" if info.get("port") else ""
-    return f"{user}{info.get('host') or 'localhost'}{port}/{info.get('dbname') or ''}"
-
-
-def _preset(row: tuple) -> PresetRecord:
-    name, entries, description, created_at = row
-    return PresetRecord(name, tuple(json.loads(entries)), description, created_at)
-
-
-def unavailable(message: str) -> ApiError:
-    return ApiError(503, "catalog_unavailable", message)
 
 
 class PostgresCatalog:
@@ -169,34 +72,26 @@ class PostgresCatalog:
     """
 
     def __init__(self, dsn: str, *, poll_s: float = POLL_S, application_name: str = "hotwire"):
-        try:
-            info = conninfo_to_dict(dsn)
-        except psycopg.ProgrammingError as e:
-            raise ValueError(f"HOTWIRE_CATALOG_DSN is not a valid PostgreSQL DSN: {e}") from None
-        self._conninfo = {**_CONNECT_DEFAULTS, "application_name": application_name, **info}
-        self.where = describe_dsn(dsn)
+        self.db = Database(dsn, application_name)
+        self.where = self.db.where
         self.poll_s = poll_s
-        self._lock = threading.Lock()  # the writer connection
+        self.replica_board = PostgresReplicaBoard(self.db)
         self._memory = threading.Lock()  # _records, _versions, _high_water
         self._records: dict[str, VectorRecord] = {}
         self._versions: dict[str, int] = {}  # id -> seq of the change held in memory
         self._high_water: dict[str, int] = {}
-        self._published: dict[str, dict[str, Residence]] = {}  # replica -> its last report
         self._seen_seq = 0  # catalog seq last caught up to (listener thread only)
-        self._problem: str | None = None
         self._stop = threading.Event()
-        self._writer: psycopg.Connection | None = None
         listener = None
         try:
-            self._writer = self._connect()
-            self._create_schema(self._writer)
-            listener = self._connect(listener=True)
+            self.db.open()
+            listener = self.db.connect(listener=True)
             listener.execute(f"LISTEN {CHANNEL}")
             self._catch_up(listener)
         except psycopg.Error as e:
-            for conn in (self._writer, listener):
-                if conn is not None:
-                    conn.close()
+            self.db.close()
+            if listener is not None:
+                listener.close()
             reason = " ".join(str(e).split())
             raise RuntimeError(f"cannot open the catalog database {self.where}: {reason}") from None
         log.info("catalog: PostgreSQL %s (%d vectors)", self.where, len(self._records))
@@ -221,19 +116,14 @@ class PostgresCatalog:
             return self._high_water.get(vector_id)
 
     def problem(self) -> str | None:
-        """Why nothing can be persisted now (the database is unreachable: writes fail with 503),
-        or ``None``. Unlike a lost SQLite file, this clears once the database is back."""
-        return self._problem
+        """Why nothing can be persisted now (the database is unreachable: writes fail with
+        ``catalog_unavailable``), or ``None``. Unlike a lost SQLite file, this clears once the
+        database is back."""
+        return self.db.problem
 
-    def write_refusal(self) -> ApiError | None:
-        """The error every write gets now (503 ``catalog_unavailable``), or ``None``."""
-        problem = self._problem
-        return None if problem is None else unavailable(f"{problem}; retry once it is back")
-
-    @property
-    def lost(self) -> str | None:
-        """:meth:`problem`, as :attr:`.catalog.Catalog.lost` offers it."""
-        return self._problem
+    def require_writable(self) -> None:
+        """``Unavailable("catalog_unavailable")`` while the database is unreachable."""
+        self.db.require_reachable()
 
     def load(self, vector_id: str) -> np.ndarray:
         """The stored float32 vector, in its uploaded shape.
@@ -246,10 +136,10 @@ class PostgresCatalog:
             return conn.execute("SELECT generation, data FROM hotwire_vectors WHERE id = %s",
                                 (vector_id,)).fetchone()
 
-        row = self._run(read)
+        row = self.db.run(read)
         known = self.get(vector_id)
         if row is None or (known is not None and known.generation != row[0]):
-            self._run(lambda conn: self._refresh(conn, [vector_id]))
+            self.db.run(lambda conn: self._refresh(conn, [vector_id]))
             raise KeyError(vector_id)
         return decode_safetensors(bytes(row[1]))
 
@@ -261,9 +151,9 @@ class PostgresCatalog:
         """Create or replace ``vector_id``, under the id's next generation or ``generation``.
 
         Checked against the database, under the catalog-wide ``seq`` lock: ``replace=False``
-        raises :class:`.catalog.VectorExists` when the id has a record; ``generation`` (adoption
+        raises :class:`.records.VectorExists` when the id has a record; ``generation`` (adoption
         of what an engine holds) returns the record already at that generation unchanged, and
-        raises :class:`.catalog.StaleGeneration` when the record is newer. The high-water mark
+        raises :class:`.records.StaleGeneration` when the record is newer. The high-water mark
         only ever grows.
         """
         now = time.time()
@@ -310,7 +200,7 @@ class PostgresCatalog:
             conn.execute("SELECT pg_notify(%s, %s)", (CHANNEL, vector_id))
             return seq, high_water, VectorRecord.from_row(row)
 
-        seq, high_water, record = self._write(write)
+        seq, high_water, record = self.db.write(write)
         if seq is not None:
             self._apply(vector_id, record, seq, high_water)
         return record
@@ -326,7 +216,7 @@ class PostgresCatalog:
                 conn.execute("SELECT pg_notify(%s, %s)", (CHANNEL, vector_id))
             return seq, None if row is None else row[0], gone
 
-        seq, high_water, gone = self._write(write)
+        seq, high_water, gone = self.db.write(write)
         self._apply(vector_id, None, seq, high_water)
         return gone
 
@@ -343,7 +233,7 @@ class PostgresCatalog:
             conn.execute("SELECT pg_notify(%s, %s)", (CHANNEL, vector_id))
             return seq, high_water
 
-        seq, high_water = self._write(write)
+        seq, high_water = self.db.write(write)
         with self._memory:
             self._high_water[vector_id] = max(high_water, self._high_water.get(vector_id, 0))
 
@@ -351,20 +241,20 @@ class PostgresCatalog:
 
     def presets(self) -> list[PresetRecord]:
         """Every preset, by name, as the database holds them now."""
-        rows = self._run(lambda conn: conn.execute(
+        rows = self.db.run(lambda conn: conn.execute(
             f"SELECT {_PRESET} FROM hotwire_presets").fetchall())
-        return sorted((_preset(row) for row in rows), key=lambda p: p.name)
+        return sorted((PresetRecord.from_row(row) for row in rows), key=lambda p: p.name)
 
     def preset(self, name: str) -> PresetRecord | None:
-        row = self._run(lambda conn: conn.execute(
+        row = self.db.run(lambda conn: conn.execute(
             f"SELECT {_PRESET} FROM hotwire_presets WHERE name = %s", (name,)).fetchone())
-        return None if row is None else _preset(row)
+        return None if row is None else PresetRecord.from_row(row)
 
     def put_preset(self, name: str, entries: tuple[dict[str, Any], ...], description: str | None,
                    *, replace: bool) -> tuple[PresetRecord, bool]:
         """Store a preset: ``(record, created)``. ``replace=False`` creates only, checked by the
         primary key, so of two replicas creating one name the second gets
-        :class:`.presets.PresetExists`."""
+        :class:`.records.PresetExists`."""
         record = PresetRecord(name, tuple(entries), description, time.time())
         values = (name, json.dumps(list(entries)), description, record.created_at)
 
@@ -384,125 +274,24 @@ class PostgresCatalog:
                 raise PresetExists(name)
             return True
 
-        return record, self._write(write)
+        return record, self.db.write(write)
 
     def delete_preset(self, name: str) -> bool:
-        return self._write(lambda conn: conn.execute(
+        return self.db.write(lambda conn: conn.execute(
             "DELETE FROM hotwire_presets WHERE name = %s", (name,)).rowcount > 0)
-
-    # Residency: which replica's engine holds what ------------------------------------------
-
-    def publish_residency(self, replica: str, report: Mapping[str, Residence],
-                          forget_after_s: float = FORGET_REPLICA_S) -> None:
-        """Replace ``replica``'s report with ``report`` (every catalog vector, as its engine
-        holds it) and mark the replica seen. Only rows that changed since this process's last
-        publish are written; replicas silent for ``forget_after_s`` are dropped. 503 while the
-        database is unreachable."""
-        report = dict(report)
-        before = self._published.get(replica, {})
-        every = [(replica, vid, r.generation, r.state, r.reason) for vid, r in report.items()]
-        changed = [row for row in every if before.get(row[1]) != report[row[1]]]
-
-        def write(conn: psycopg.Connection) -> None:
-            (new,) = conn.execute(
-                "INSERT INTO hotwire_replicas AS r (replica, seen_at) VALUES (%s, now()) "
-                "ON CONFLICT (replica) DO UPDATE SET seen_at = now() RETURNING r.xmax = 0",
-                (replica,)).fetchone()  # xmax 0: inserted, i.e. no rows of it survived
-            rows = every if new else changed
-            if new or replica not in self._published or set(before) - set(report):
-                conn.execute("DELETE FROM hotwire_residency WHERE replica = %s "
-                             "AND NOT (vector_id = ANY(%s))", (replica, list(report)))
-            with conn.cursor() as cur:
-                cur.executemany(
-                    "INSERT INTO hotwire_residency (replica, vector_id, generation, state, reason) "
-                    "VALUES (%s, %s, %s, %s, %s) ON CONFLICT (replica, vector_id) DO UPDATE SET "
-                    "generation = excluded.generation, state = excluded.state, "
-                    "reason = excluded.reason", rows)
-            conn.execute("DELETE FROM hotwire_replicas WHERE seen_at < now() - make_interval("
-                         "secs => %s)", (forget_after_s,))
-
-        self._write(write)
-        self._published[replica] = report
-
-    def residency(self, vector_id: str) -> list[ReplicaResidence]:
-        """Every known replica's last report on ``vector_id``, by replica name (a replica that
-        has not mentioned it has ``state=None``): for ``GET /steer/vectors/{id}``."""
-        rows = self._run(lambda conn: conn.execute(
-            "SELECT r.replica, s.generation, s.state, s.reason, "
-            "extract(epoch FROM now() - r.seen_at)::float8 FROM hotwire_replicas r "
-            "LEFT JOIN hotwire_residency s ON s.replica = r.replica AND s.vector_id = %s "
-            "ORDER BY r.replica", (vector_id,)).fetchall())
-        return [ReplicaResidence(*row) for row in rows]
 
     def close(self) -> None:
         self._stop.set()
         self._listener.join(10)
-        with self._lock:
-            if self._writer is not None:
-                self._writer.close()
-                self._writer = None
+        self.db.close()
 
     # Database ----------------------------------------------------------------------------
-
-    def _connect(self, listener: bool = False) -> psycopg.Connection:
-        """A new connection; the listener's is named ``<application_name>-listener``."""
-        info = dict(self._conninfo)
-        if listener:
-            info["application_name"] = f"{info['application_name']}-listener"
-        return psycopg.connect(**info, autocommit=True)
-
-    @staticmethod
-    def _create_schema(conn: psycopg.Connection) -> None:
-        with conn.transaction():
-            # Replicas starting together: CREATE ... IF NOT EXISTS is not safe concurrently.
-            conn.execute("SELECT pg_advisory_xact_lock(hashtext('hotwire_catalog_schema'))")
-            conn.execute(_SCHEMA)
-            (version,) = conn.execute("SELECT schema_version FROM hotwire_catalog_state").fetchone()
-        if version != SCHEMA_VERSION:
-            raise RuntimeError(f"the catalog database has schema {version}; this build reads "
-                               f"{SCHEMA_VERSION}")
 
     @staticmethod
     def _next_seq(conn: psycopg.Connection) -> int:
         """Lock the catalog-wide counter for this transaction and take its next value."""
         return conn.execute("UPDATE hotwire_catalog_state SET seq = seq + 1 "
                             "RETURNING seq").fetchone()[0]
-
-    def _write(self, body: Callable[[psycopg.Connection], T]) -> T:
-        """``body`` in one transaction."""
-        return self._run(body, transaction=True)
-
-    def _run(self, body: Callable[[psycopg.Connection], T], transaction: bool = False) -> T:
-        """Run ``body`` on the writer connection, once more on a new one if the first died
-        before committing (a server restart shows only on first use); else 503.
-
-        While the listener finds the database unreachable, 503 at once: callers run on the
-        event loop, which must not wait out connection timeouts.
-        """
-        if self._problem is not None:
-            raise unavailable(f"{self._problem}; retry once it is back")
-        with self._lock:
-            for attempt in range(2):
-                committing = False
-                try:
-                    conn = self._writer = self._writer or self._connect()
-                    if not transaction:
-                        return body(conn)
-                    with conn.transaction():
-                        result = body(conn)
-                        committing = True
-                    return result
-                except psycopg.OperationalError as e:
-                    if self._writer is not None:
-                        self._writer.close()
-                    self._writer = None
-                    if committing or attempt:
-                        outcome = "may or may not have committed" if committing else "failed"
-                        raise unavailable(f"the catalog database {self.where} {outcome}: "
-                                          + " ".join(str(e).split())) from None
-                    log.warning("catalog database connection lost (%s); retrying on a new one",
-                                " ".join(str(e).split()))
-        raise AssertionError("unreachable")
 
     # Memory ------------------------------------------------------------------------------
 
@@ -557,13 +346,13 @@ class PostgresCatalog:
         while not self._stop.is_set():
             try:
                 if conn is None:
-                    conn = self._connect(listener=True)
+                    conn = self.db.connect(listener=True)
                     conn.execute(f"LISTEN {CHANNEL}")
                     self._catch_up(conn)
-                    if self._problem is not None:
+                    if self.db.problem is not None:
                         log.warning("catalog database %s reachable again; caught up to change %d",
                                     self.where, self._seen_seq)
-                    self._problem, backoff, connected = None, BACKOFF_S[0], True
+                    self.db.problem, backoff, connected = None, BACKOFF_S[0], True
                 self._follow(conn)
             except psycopg.Error as e:
                 if conn is not None:
@@ -575,10 +364,10 @@ class PostgresCatalog:
                     log.warning("catalog listener connection to %s lost (%s); reconnecting",
                                 self.where, reason)
                     continue
-                if self._problem is None:
+                if self.db.problem is None:
                     log.warning("catalog database %s unreachable (%s): serving the last catalog "
                                 "read, retrying", self.where, reason)
-                self._problem = f"catalog database {self.where} unreachable: {reason}"
+                self.db.problem = f"catalog database {self.where} unreachable: {reason}"
                 self._stop.wait(backoff)
                 backoff = min(2 * backoff, BACKOFF_S[1])
         if conn is not None:

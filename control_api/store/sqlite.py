@@ -12,10 +12,10 @@ a transaction commits, so a failed write (a full disk) leaves memory and disk as
 The database file is watched (invariant 7): when the path no longer names the file that was
 opened (the state directory removed, the file replaced), every later write would land in a file
 nobody will ever read again. :meth:`Catalog.problem` notices, marks the catalog lost for good and
-every write from then on raises :class:`CatalogLost`; reads keep answering from memory.
-:meth:`Catalog.write_refusal` is the answer writes get then (503 ``catalog_lost``).
+every write from then on raises :class:`CatalogLost` (``catalog_lost``); reads keep answering
+from memory.
 
-Presets (:mod:`.presets`) live in their own table, kept in memory like the vectors. Schema changes
+Presets live in their own table, kept in memory like the vectors. Schema changes
 are additive, so ``SCHEMA_VERSION`` stays 1: a catalog written before presets existed gains the
 ``presets`` table when opened, and an older build still opens a catalog that has one.
 """
@@ -30,7 +30,6 @@ import threading
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -38,8 +37,8 @@ import numpy as np
 
 from hotwire.shared.wire import decode_safetensors, encode_safetensors
 
-from .errors import ApiError
-from .presets import PresetExists, PresetRecord
+from ..errors import Unavailable
+from .records import PresetExists, PresetRecord, StaleGeneration, VectorExists, VectorRecord
 
 SCHEMA_VERSION = 1
 _SCHEMA = """
@@ -71,53 +70,21 @@ _COLUMNS = "id, generation, dtype, shape, layers, pinned, metadata, created_at, 
 log = logging.getLogger("hotwire.control_api")
 
 
-class CatalogLost(RuntimeError):
-    """The database file this catalog opened is gone from its path; nothing can be persisted."""
+class CatalogLost(Unavailable):
+    """The database file this catalog opened is gone from its path (``lost`` says how);
+    nothing can be persisted."""
 
-
-class VectorExists(Exception):
-    """``put(replace=False)`` of an id the catalog holds (possibly written by another replica
-    a moment ago): the caller answers 409."""
-
-    def __init__(self, vector_id: str, generation: int):
-        super().__init__(f"vector {vector_id!r} exists (generation {generation})")
-        self.vector_id, self.generation = vector_id, generation
-
-
-class StaleGeneration(ValueError):
-    """``put(generation=G)`` where the catalog holds a newer generation of the id than ``G``."""
-
-
-def lost_error(lost: str) -> ApiError:
-    """The answer to a write while the SQLite catalog is lost (see :meth:`Catalog.problem`)."""
-    return ApiError(503, "catalog_lost", f"{lost}. Writes are refused so that nothing is "
-                    "acknowledged that would not survive a restart; reads answer from memory and "
-                    "the engine keeps its vectors. Put the state directory back and restart the "
-                    "control API.")
-
-
-@dataclass(frozen=True)
-class VectorRecord:
-    id: str
-    generation: int
-    dtype: str
-    shape: tuple[int, ...]
-    layers: tuple[int, ...] | None
-    pinned: bool
-    metadata: dict[str, Any]
-    created_at: float
-    updated_at: float
-
-    @classmethod
-    def from_row(cls, row: tuple) -> VectorRecord:
-        vid, gen, dtype, shape, layers, pinned, metadata, created, updated = row
-        return cls(vid, gen, dtype, tuple(json.loads(shape)),
-                   None if layers is None else tuple(json.loads(layers)),
-                   bool(pinned), json.loads(metadata), created, updated)
+    def __init__(self, lost: str):
+        super().__init__("catalog_lost", f"{lost}. Writes are refused so that nothing is "
+                         "acknowledged that would not survive a restart; reads answer from memory "
+                         "and the engine keeps its vectors. Put the state directory back and "
+                         "restart the control API.")
 
 
 class Catalog:
     """The registered vectors. Every write is one transaction; reads come from memory."""
+
+    replica_board = None  # one control API per SQLite catalog: no other replica to report to
 
     def __init__(self, path: Path):
         path.parent.mkdir(parents=True, exist_ok=True)
@@ -137,7 +104,7 @@ class Catalog:
         self._records = {r[0]: VectorRecord.from_row(r) for r in rows}
         self._high_water: dict[str, int] = dict(
             self._db.execute("SELECT id, last FROM generations").fetchall())
-        self._presets = {row[0]: _preset(row) for row in self._db.execute(
+        self._presets = {row[0]: PresetRecord.from_row(row) for row in self._db.execute(
             "SELECT name, entries, description, created_at FROM presets").fetchall()}
 
     def problem(self) -> str | None:
@@ -160,12 +127,8 @@ class Catalog:
                           "API (a fresh catalog adopts what the engine holds)", self.lost)
         return self.lost
 
-    def write_refusal(self) -> ApiError | None:
-        """The error every write gets now (503 ``catalog_lost``), or ``None``."""
-        lost = self.problem()
-        return None if lost is None else lost_error(lost)
-
-    def _require_present(self) -> None:
+    def require_writable(self) -> None:
+        """:class:`CatalogLost` once the catalog is lost (see :meth:`problem`)."""
         lost = self.problem()
         if lost is not None:
             raise CatalogLost(lost)
@@ -179,7 +142,7 @@ class Catalog:
         a write that landed in a removed file is not reported as done.
         """
         with self._lock:
-            self._require_present()
+            self.require_writable()
             self._db.execute("BEGIN IMMEDIATE")
             try:
                 yield self._db
@@ -188,7 +151,7 @@ class Catalog:
                 if self._db.in_transaction:
                     self._db.execute("ROLLBACK")
                 raise
-            self._require_present()
+            self.require_writable()
 
     def records(self) -> dict[str, VectorRecord]:
         return dict(self._records)
@@ -270,7 +233,7 @@ class Catalog:
     def put_preset(self, name: str, entries: tuple[dict[str, Any], ...], description: str | None,
                    *, replace: bool) -> tuple[PresetRecord, bool]:
         """Store a preset: ``(record, created)``. ``replace=False`` creates only
-        (:class:`.presets.PresetExists`); a replaced preset is a new recipe, with a new
+        (:class:`.records.PresetExists`); a replaced preset is a new recipe, with a new
         ``created_at``."""
         record = PresetRecord(name, tuple(entries), description, time.time())
         with self._transaction() as db:
@@ -297,11 +260,6 @@ class Catalog:
     def close(self) -> None:
         with self._lock:
             self._db.close()
-
-
-def _preset(row: tuple) -> PresetRecord:
-    name, entries, description, created_at = row
-    return PresetRecord(name, tuple(json.loads(entries)), description, created_at)
 
 
 def _identity(path: Path) -> tuple[int, int]:

@@ -19,13 +19,11 @@ by the control API); only slots whose content changed are read again.
 from __future__ import annotations
 
 import os
-import re
-from pathlib import Path
 
 import numpy as np
 import torch
 
-from hotwire.shared.mailbox import ACTIVE, MailboxError, MailboxView, entry_problem
+from hotwire.shared.mailbox import ACTIVE, MailboxError, MailboxView, entry_problem, rank_mailboxes
 from hotwire.shared.spec import SPEC_KEY, SpecError, parse_spec
 
 from ..admission import Admission, Refused
@@ -154,13 +152,7 @@ class EngineView:
 
     def _paths(self) -> list[str]:
         """Rank 0's mailbox, then each ``<mailbox>.dpN`` that exists."""
-        base = Path(self.mailbox)
-        pattern = re.compile(re.escape(base.name) + r"\.dp[1-9][0-9]*")
-        try:
-            others = sorted(p.name for p in base.parent.iterdir() if pattern.fullmatch(p.name))
-        except OSError:
-            others = []
-        return [str(base), *(str(base.parent / name) for name in others)]
+        return [str(path) for path in rank_mailboxes(self.mailbox).values()]
 
     def _rank(self, path: str) -> _Rank:
         rank = self._ranks.get(path)

@@ -11,8 +11,9 @@ from fastapi.responses import JSONResponse
 from prometheus_client import CONTENT_TYPE_LATEST
 from pydantic import BaseModel
 
-from ..dependencies import ServicesDep, require_reader
-from ..errors import responses
+from ..auth import require_reader
+from ..dependencies import ServicesDep
+from ..http_errors import responses
 
 router = APIRouter(tags=["health"])
 
@@ -35,7 +36,7 @@ async def healthz() -> Health:
 @router.get("/readyz", response_model=Readiness, responses={503: {"model": Readiness}})
 async def readyz(svc: ServicesDep) -> JSONResponse:
     """200 when an engine is attached, armed, beating and in sync with the catalog; else 503."""
-    problem = svc.slots.readiness_problem()
+    problem = svc.engines.readiness_problem()
     body = Readiness(ready=problem is None, reason=problem)
     return JSONResponse(body.model_dump(), status_code=200 if problem is None else 503)
 

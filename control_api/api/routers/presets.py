@@ -10,10 +10,11 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from hotwire.shared.spec import ID_PATTERN, MAX_ENTRIES, MAX_SPEC_CHARS, valid_id
 
-from ..catalog import CatalogLost, lost_error
-from ..dependencies import ServicesDep, require_reader, require_writer
-from ..errors import ApiError, describe_validation, responses
-from ..presets import PresetExists, PresetRecord, check_entries, unknown_preset
+from ...store.records import PresetRecord
+from ..auth import require_reader, require_writer
+from ..dependencies import ServicesDep
+from ..http_errors import ApiError, describe_validation, responses
+from ..preset_entries import check_entries
 
 PATH = "/steer/presets"
 MAX_BODY_BYTES = 4 * MAX_SPEC_CHARS  # a preset's entries must fit in a spec text anyway
@@ -72,16 +73,9 @@ async def store_preset(request: Request, response: Response, svc: ServicesDep) -
     if not valid_id(preset.name):
         raise ApiError(422, "bad_id", f"preset name {preset.name[:80]!r} must match {ID_PATTERN}")
     entries = check_entries(preset.entries)
-    refusal = svc.catalog.write_refusal()
-    if refusal is not None:
-        raise refusal
-    try:
-        record, created = svc.catalog.put_preset(preset.name, entries, preset.description,
-                                                 replace=preset.replace)
-    except PresetExists as e:
-        raise ApiError(409, "preset_exists", f"{e}; send replace=true to replace it") from None
-    except CatalogLost as e:
-        raise lost_error(str(e)) from None
+    svc.catalog.require_writable()
+    record, created = svc.catalog.put_preset(preset.name, entries, preset.description,
+                                             replace=preset.replace)
     if not created:
         response.status_code = 200
     return preset_info(record)
@@ -105,16 +99,14 @@ async def get_preset(name: PresetName, svc: ServicesDep) -> PresetInfo:
 @router.delete("/{name}", status_code=204, response_class=Response,
                dependencies=[Depends(require_writer)], responses=responses(401, 404, 422, 503))
 async def delete_preset(name: PresetName, svc: ServicesDep) -> Response:
-    refusal = svc.catalog.write_refusal()
-    if refusal is not None:
-        raise refusal
-    try:
-        gone = svc.catalog.delete_preset(name)
-    except CatalogLost as e:
-        raise lost_error(str(e)) from None
-    if not gone:
+    svc.catalog.require_writable()
+    if not svc.catalog.delete_preset(name):
         raise unknown_preset(name)
     return Response(status_code=204)
+
+
+def unknown_preset(name: str) -> ApiError:
+    return ApiError(404, "unknown_preset", f"no preset {name!r}")
 
 
 async def _read_preset(request: Request) -> PresetIn:

@@ -15,10 +15,11 @@ from pydantic import BaseModel, Field
 
 from hotwire.shared.mailbox import ANY_LAYER, STATE_NAMES
 
-from ..dependencies import ServicesDep, require_reader
-from ..errors import ApiError, responses
-from ..engines import Engines
-from ..slots import EngineView
+from ...slots.engines import Engines
+from ...slots.snapshot import EngineSnapshot
+from ..auth import require_reader
+from ..dependencies import ServicesDep
+from ..http_errors import ApiError, responses
 
 router = APIRouter(prefix="/steer/slots", tags=["slots"])
 
@@ -74,7 +75,7 @@ class SlotTable(BaseModel):
 @router.get("", response_model=SlotTable, dependencies=[Depends(require_reader)],
             responses=responses(401, 503))
 async def slot_table(svc: ServicesDep) -> SlotTable:
-    ranks = _ranks(svc.slots)
+    ranks = _ranks(svc.engines)
     shown = next((r for r in ranks if r.engine is not None), None)
     if shown is None or shown.engine is None:
         why = "; ".join(r.problem if len(ranks) == 1 else f"dp rank {r.dp_rank}: {r.problem}"
@@ -86,19 +87,19 @@ async def slot_table(svc: ServicesDep) -> SlotTable:
 
 def _ranks(engines: Engines) -> list[RankTable]:
     tables = []
-    for manager in engines:
-        view = manager.view()
+    for rank in engines:
+        view = rank.view()
         table = None if view is None else _table(view)
         tables.append(RankTable(
-            dp_rank=manager.rank, mailbox=str(manager.link.path), attached=view is not None,
-            problem=manager.engine_problem(), engine=None if table is None else table[0],
+            dp_rank=rank.rank, mailbox=str(rank.link.path), attached=view is not None,
+            problem=rank.engine_problem(), engine=None if table is None else table[0],
             n_slots=None if view is None else view.table.n_slots,
             used=None if view is None else view.table.used,
             slots=[] if table is None else table[1]))
     return tables
 
 
-def _table(view: EngineView) -> tuple[EngineInfo, list[SlotInfo]]:
+def _table(view: EngineSnapshot) -> tuple[EngineInfo, list[SlotInfo]]:
     fp = view.fingerprint
     engine = EngineInfo(model=fp.model, n_layers=fp.n_layers, hidden=fp.hidden, dtype=fp.dtype,
                         epoch=f"{view.epoch:x}", pid=view.pid, heartbeat_age_s=view.heartbeat_age_s,

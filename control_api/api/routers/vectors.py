@@ -11,11 +11,13 @@ from pydantic import BaseModel, Field
 from hotwire.shared.mailbox import ANY_LAYER
 from hotwire.shared.spec import ID_PATTERN
 
-from ..catalog import VectorRecord
-from ..dependencies import ServicesDep, require_reader, require_writer
-from ..engines import Engines
-from ..errors import ApiError, responses
-from ..slots import EngineView, Residency, ResidencyState
+from ...slots.engines import Engines
+from ...slots.residency import Residency, ResidencyState
+from ...slots.snapshot import EngineSnapshot
+from ...store.records import VectorRecord
+from ..auth import require_reader, require_writer
+from ..dependencies import ServicesDep
+from ..http_errors import ApiError, responses
 from ..uploads import OPENAPI_BODY, read_upload
 
 PATH = "/steer/vectors"
@@ -81,7 +83,7 @@ def _slot_refs(where: Residency) -> list[SlotRef]:
 
 
 def vector_info(record: VectorRecord, engines: Engines,
-                views: dict[int, EngineView | None]) -> VectorInfo:
+                views: dict[int, EngineSnapshot | None]) -> VectorInfo:
     where = engines.residency(record, views)
     overall = where.overall
     return VectorInfo(
@@ -111,18 +113,18 @@ async def register_vector(request: Request, response: Response, svc: ServicesDep
     """
     async with svc.uploads.turn():
         upload = await read_upload(request, svc.settings.max_upload_bytes)
-    record, created = await svc.slots.register(upload)
+    record, created = await svc.engines.register(upload)
     if not created:
         response.status_code = 200
-    return vector_info(record, svc.slots, svc.slots.views())
+    return vector_info(record, svc.engines, svc.engines.views())
 
 
 @router.get("", response_model=VectorList, dependencies=[Depends(require_reader)],
             responses=responses(401))
 async def list_vectors(svc: ServicesDep) -> VectorList:
-    views = svc.slots.views()
+    views = svc.engines.views()
     records = sorted(svc.catalog.records().values(), key=lambda r: r.id)
-    return VectorList(vectors=[vector_info(r, svc.slots, views) for r in records])
+    return VectorList(vectors=[vector_info(r, svc.engines, views) for r in records])
 
 
 @router.get("/{vector_id}", response_model=VectorInfo, dependencies=[Depends(require_reader)],
@@ -131,7 +133,7 @@ async def get_vector(vector_id: VectorId, svc: ServicesDep) -> VectorInfo:
     record = svc.catalog.get(vector_id)
     if record is None:
         raise ApiError(404, "not_found", f"no vector {vector_id!r}")
-    info = vector_info(record, svc.slots, svc.slots.views())
+    info = vector_info(record, svc.engines, svc.engines.views())
     reports = await svc.replicas.of(record, info.state, info.reason)
     info.replicas = [ReplicaInfo(**vars(r)) for r in reports]
     return info
@@ -141,5 +143,5 @@ async def get_vector(vector_id: VectorId, svc: ServicesDep) -> VectorInfo:
                dependencies=[Depends(require_writer)], responses=responses(401, 404, 409, 422, 507))
 async def delete_vector(vector_id: VectorId, svc: ServicesDep) -> Response:
     """Retire the vector's slots and drop it from the catalog (pinned vectors too)."""
-    await svc.slots.remove(vector_id)
+    await svc.engines.remove(vector_id)
     return Response(status_code=204)
