@@ -1,4 +1,5 @@
-"""Shared fixtures: a tiny random model built offline, startup vectors, and real engine runs."""
+"""Shared fixtures: a tiny random model built offline, startup vectors, real engine runs, and a
+running control API on a real engine mailbox."""
 
 from __future__ import annotations
 
@@ -24,6 +25,17 @@ def _have_vllm() -> bool:
 
 
 requires_vllm = pytest.mark.skipif(not _have_vllm(), reason="vLLM is not installed")
+
+
+@pytest.fixture
+def rig(tmp_path):
+    """A control API on a real engine mailbox, both started (:class:`control_harness.Rig`);
+    suites that need another rig (the engine's, a control API with other settings) define their
+    own."""
+    from control_harness import Rig
+
+    with Rig.running(tmp_path) as rig:
+        yield rig
 
 
 @pytest.fixture(scope="session")

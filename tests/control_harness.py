@@ -11,7 +11,10 @@ from __future__ import annotations
 import base64
 import contextlib
 import json
+import os
 import socket
+import subprocess
+import sys
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -21,6 +24,7 @@ from typing import Any
 import httpx
 import numpy as np
 import uvicorn
+from prometheus_client.parser import text_string_to_metric_families
 from pydantic import SecretStr
 
 from hotwire.control_api.api.app import create_app
@@ -43,6 +47,20 @@ def wait_until(predicate: Callable[[], Any], timeout: float = 5.0, what: str = "
         time.sleep(0.02)
 
 
+class _Pause(threading.Event):
+    """Set: the pump runs no step from the moment ``set()`` returns (one under way finishes
+    first), so a test that then writes the engine's side (a stale heartbeat) is not overwritten."""
+
+    def __init__(self, lock: threading.RLock):
+        super().__init__()
+        self._step = lock
+
+    def set(self) -> None:
+        super().set()
+        with self._step:
+            pass
+
+
 class EnginePump:
     """The engine's side of one mailbox: what the plugin does at every step boundary."""
 
@@ -50,9 +68,9 @@ class EnginePump:
                  armed: tuple[int, ...] | None = None):
         self.path, self.n_slots, self.fp = path, n_slots, fp
         self.armed = tuple(range(fp.n_layers)) if armed is None else armed
-        self._lock = threading.Lock()
+        self._lock = threading.RLock()
         self._stop = threading.Event()
-        self.paused = threading.Event()
+        self.paused = _Pause(self._lock)
         self._create()
         self._thread = threading.Thread(target=self._loop, name="engine-pump", daemon=True)
         self._thread.start()
@@ -79,8 +97,9 @@ class EnginePump:
 
     def _loop(self) -> None:
         while not self._stop.wait(0.005):
-            if not self.paused.is_set():
-                self.step()
+            with self._lock:
+                if not self.paused.is_set():
+                    self.step()
 
     def hold(self, vector_id: str) -> list[int]:
         """A request starts using ``vector_id``: its bound slots get one more reference."""
@@ -158,6 +177,38 @@ class ServerThread:
         self.sock.close()
 
 
+class ApiProcess:
+    """``hotwire control-api`` in a process of its own (optionally behind a command prefix,
+    such as ``unshare``), attached to ``mailbox``."""
+
+    def __init__(self, mailbox: Path, state_dir: Path, prefix: list[str] = (), **env: str):
+        self.url = f"http://127.0.0.1:{free_port()}"
+        command = [*prefix, sys.executable, "-m", "hotwire.control_api.cli", "control-api",
+                   "--port", self.url.rsplit(":", 1)[1], "--mailbox", str(mailbox),
+                   "--state-dir", str(state_dir), "--log-level", "warning"]
+        self.log = state_dir.parent / "control-api.log"
+        with self.log.open("wb") as log:
+            self.proc = subprocess.Popen(command, env={**os.environ, "HOTWIRE_TOKEN": TOKEN, **env},
+                                         stdout=log, stderr=subprocess.STDOUT)
+        self.http = httpx.Client(base_url=self.url, timeout=60,
+                                 headers={"Authorization": f"Bearer {TOKEN}"})
+        wait_until(self._up, timeout=30, what="control API process")
+
+    def _up(self) -> bool:
+        if self.proc.poll() is not None:
+            raise AssertionError(f"control API exited: {self.log.read_text()}")
+        try:
+            return self.http.get("/readyz").status_code == 200
+        except httpx.TransportError:
+            return False
+
+    def stop(self) -> str:
+        self.http.close()
+        self.proc.terminate()
+        self.proc.wait(10)
+        return self.log.read_text()
+
+
 class Rig:
     """One engine mailbox and one control API over one state directory, each restartable; with
     :meth:`start_rank`, more data-parallel ranks of the engine (``<mailbox>.dpN``)."""
@@ -226,6 +277,12 @@ class Rig:
     def push(self, vector_id: str, vector: np.ndarray, **fields: Any) -> httpx.Response:
         return self.http.post("/steer/vectors", json=json_body(vector_id, vector, **fields))
 
+    def upload(self, vector_id: str, blob: bytes, **fields: Any) -> httpx.Response:
+        """A multipart upload of the safetensors file ``blob``, with form ``fields``."""
+        return self.http.post("/steer/vectors",
+                              data={"id": vector_id, **{k: str(v) for k, v in fields.items()}},
+                              files={"file": ("v.safetensors", blob, "application/octet-stream")})
+
     def catalog(self) -> dict[str, dict]:
         response = self.http.get("/steer/vectors")
         assert response.status_code == 200, response.text
@@ -234,6 +291,24 @@ class Rig:
     def resident(self, vector_id: str) -> bool:
         response = self.http.get(f"/steer/vectors/{vector_id}")
         return response.status_code == 200 and response.json()["resident"]
+
+    def state(self) -> tuple[dict, list[int]]:
+        """What a refused request must leave alone: the catalog and the mailbox directory."""
+        return self.catalog(), self.engine.seqs()
+
+    def metrics(self) -> dict[tuple[str, tuple], float]:
+        """``/metrics`` by sample: ``(name, sorted label pairs) -> value``."""
+        text = self.http.get("/metrics").text
+        return {(s.name, tuple(sorted(s.labels.items()))): s.value
+                for family in text_string_to_metric_families(text) for s in family.samples}
+
+
+def assert_error(response: httpx.Response, status: int, code: str) -> None:
+    """``response`` is the error body with ``status`` and ``code``, and a message."""
+    assert response.headers["content-type"] == "application/json", response.text
+    error = response.json()["error"]
+    assert (response.status_code, error["code"]) == (status, code), response.text
+    assert error["message"]
 
 
 def json_body(vector_id: str, vector: np.ndarray, **fields: Any) -> dict[str, Any]:

@@ -592,7 +592,7 @@ def test_k8s_keeps_the_catalog_on_the_claim():
     assert SINGLE.volumes[volume]["persistentVolumeClaim"]["claimName"] == PVC["metadata"]["name"]
     assert SINGLE.workload["spec"]["strategy"]["type"] == "Recreate"  # one pod holds the claim
     assert SINGLE.workload["spec"]["replicas"] == 1
-    assert "HOTWIRE_CATALOG_DSN" not in _env(control)  # SQLite, as before
+    assert "HOTWIRE_CATALOG_DSN" not in _env(control)  # SQLite: one replica
 
 
 @MANIFESTS

@@ -1,23 +1,20 @@
 """Data parallelism: one control API feeds every DP rank of an engine (``<mailbox>.dpN``).
 
 Real mailboxes (one :class:`EnginePump` per rank, doing what each rank's engine core does),
-the real control API over HTTP. Also: the single-engine shape keeps its responses, and the
-``replica`` setting.
+the real control API over HTTP (control_api.slots.engines). Also: the single-engine shape keeps
+its responses.
 """
 
 from __future__ import annotations
 
 import logging
-import socket
 import threading
 import time
 
 import numpy as np
 import pytest
-from prometheus_client.parser import text_string_to_metric_families
 
 from hotwire.control_api.cli.main import main
-from hotwire.control_api.api.settings import Settings
 from hotwire.shared.mailbox import ANY_LAYER, ControlMailbox
 
 from control_harness import FP, TOKEN, EnginePump, Rig, exact_vector, wait_until
@@ -54,12 +51,6 @@ def _holds(engine: EnginePump, vector_id: str, vector: np.ndarray, generation: i
                     for layer, (slot, gen, row) in entries.items()))
 
 
-def _metrics(rig: Rig) -> dict[tuple[str, tuple], float]:
-    text = rig.http.get("/metrics").text
-    return {(s.name, tuple(sorted(s.labels.items()))): s.value
-            for family in text_string_to_metric_families(text) for s in family.samples}
-
-
 def test_a_push_is_written_to_every_rank(rig):
     rank0, rank1 = _dp2(rig)
     per_layer, flat = exact_vector(FP.n_layers, H, seed=1), exact_vector(H, seed=2)
@@ -85,7 +76,7 @@ def test_a_push_is_written_to_every_rank(rig):
 
     rank1.box.add_counter("steered_requests", 5)
     rank1.box.flush_counters()
-    m = _metrics(rig)
+    m = rig.metrics()
     for rank in ("0", "1"):
         assert m[("hotwire_slots_used", (("dp_rank", rank),))] == FP.n_layers + 1
         assert m[("hotwire_resident_vectors", (("dp_rank", rank),))] == 2
@@ -193,7 +184,7 @@ def test_eviction_and_two_phase_reuse_run_per_rank(rig):
     wait_until(lambda: _holds(rank1, "new", new) and not rank1.entries("old"))
     wait_until(lambda: _holds(rank0, "old", old) and _holds(rank0, "new", new),
                what="rank 0 applying both (its engine applies on its own clock)")
-    m = _metrics(rig)
+    m = rig.metrics()
     assert m[("hotwire_evicted_vectors_total", (("dp_rank", "1"),))] == 1
     assert m[("hotwire_evicted_vectors_total", (("dp_rank", "0"),))] == 0
     info = rig.http.get("/steer/vectors/old").json()
@@ -211,7 +202,7 @@ def test_readyz_considers_every_rank_and_a_removed_rank_is_forgotten(rig):
     rank1.path.unlink()  # the operator removes the mailbox of a rank that is gone
     wait_until(lambda: rig.http.get("/readyz").status_code == 200, what="rank 1 forgotten")
     assert [r["dp_rank"] for r in rig.http.get("/steer/slots").json()["ranks"]] == [0]
-    assert ("hotwire_engine_attached", (("dp_rank", "1"),)) not in _metrics(rig)
+    assert ("hotwire_engine_attached", (("dp_rank", "1"),)) not in rig.metrics()
 
 
 def test_a_vector_adopted_from_one_rank_reaches_the_others(rig, caplog):
@@ -269,12 +260,6 @@ def test_without_dp_responses_keep_their_fields_and_add_one_rank(rig):
     r = wait_until(lambda: (x := rig.http.get("/steer/slots")).status_code == 503 and x)
     assert r.json()["error"]["code"] == "no_engine" and "no mailbox" in r.json()["error"]["message"]
     assert "dp rank" not in rig.http.get("/readyz").json()["reason"]
-
-
-def test_replica_is_a_setting_defaulting_to_the_hostname():
-    assert Settings.from_env({}).replica == socket.gethostname()
-    assert Settings.from_env({"HOTWIRE_REPLICA": "pod-3"}).replica == "pod-3"
-    assert Settings.ENV["replica"] == "HOTWIRE_REPLICA"
 
 
 def test_hotwire_slots_prints_each_rank(rig, capsys):

@@ -7,7 +7,7 @@ from fastapi import FastAPI, Request
 from pydantic import BaseModel
 
 from hotwire.engine_plugin.frontend.models import ServedModels, with_presets
-from hotwire.engine_plugin.frontend.presets import Preset
+from hotwire.engine_plugin.frontend.preset_source import Preset
 from hotwire.engine_plugin.frontend.routes import steerable_paths
 from hotwire.engine_plugin.frontend.settings import FrontendSettings
 

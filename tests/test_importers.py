@@ -28,7 +28,7 @@ from hotwire.shared.spec import parse_spec
 from hotwire.shared.wire import ModelShape, encode_safetensors
 
 from conftest import HIDDEN, LAYERS
-from control_harness import FP, TOKEN, Rig, exact_vector
+from control_harness import FP, TOKEN, Rig, exact_vector, safetensors_blob
 
 PROMPT = [[3, 17, 42, 99, 7, 250, 11]]
 
@@ -582,6 +582,16 @@ def test_startup_loads_a_brainscope_export_and_a_gguf_file(tmp_path, caplog):
     with caplog.at_level(logging.ERROR, logger="vllm.hotwire"):
         assert load_dir(str(tmp_path / "nowhere"), model) == []
     assert "no such file or directory" in caplog.text
+
+
+def test_startup_files_whose_stem_ends_in_a_newline_are_skipped(tmp_path, caplog):
+    blob = safetensors_blob({"v": ("F32", exact_vector(FP.hidden))})
+    (tmp_path / "good.safetensors").write_bytes(blob)
+    (tmp_path / ("c" * 64 + "\n.safetensors")).write_bytes(blob)
+    with caplog.at_level(logging.ERROR, logger="vllm.hotwire"):
+        loaded = load_dir(str(tmp_path), ModelShape(FP.n_layers, FP.hidden, FP.dtype))
+    assert [vector_id for vector_id, _ in loaded] == ["good"]
+    assert "not a valid vector id" in caplog.text
 
 
 # ``hotwire vectors import`` against a real control API and mailbox ------------------------

@@ -27,7 +27,7 @@ needs_promtool = pytest.mark.skipif(PROMTOOL is None, reason="promtool is not in
                                     "(apt-get install prometheus)")
 K8S = ROOT / "deploy" / "k8s"
 
-# The issue's list: what an operator must be able to see, by the series that show it.
+# What an operator must be able to see, by the series that show it.
 MUST_SHOW = {
     "unsteered rate by reason": "hotwire_engine_unsteered_requests_total",
     "heartbeat age": "hotwire_engine_heartbeat_age_seconds",

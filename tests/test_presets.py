@@ -35,12 +35,6 @@ FIELDS = {"name", "entries", "description", "created_at"}
 READ_TOKEN = "r3ad-only"
 
 
-@pytest.fixture
-def rig(tmp_path):
-    with Rig.running(tmp_path) as rig:
-        yield rig
-
-
 def store(http: httpx.Client, name: str, entries, **fields) -> httpx.Response:
     return http.post("/steer/presets", json={"name": name, "entries": entries, **fields})
 

@@ -1,21 +1,18 @@
-"""Invariant 7: restarts of either side, in any order, converge to the same registered set."""
+"""The reconcile pass (control_api.slots.reconcile), invariant 7: restarts of either side, in any
+order, converge to the same registered set; engine vectors the catalog does not know are adopted
+(or retired, when chosen), never silently destroyed."""
 
 from __future__ import annotations
 
-import argparse
 import fcntl
 import logging
 import os
 import shutil
 import time
-from pathlib import Path
 
 import numpy as np
 import pytest
-from pydantic import ValidationError
 
-from hotwire.control_api.api import serve
-from hotwire.control_api.api.settings import Settings, default_state_dir
 from hotwire.control_api.slots.reconcile import RECONCILE_PERIOD_S
 from hotwire.shared.mailbox import ACTIVE, ANY_LAYER, RETIRING, ControlMailbox
 
@@ -361,27 +358,3 @@ def test_slots_that_cannot_be_rebuilt_are_left_alone(rig, caplog):
     assert "odd" not in rig.catalog()
     assert [rig.engine.box.directory["state"][s] for s in (0, 1)] == [ACTIVE, ACTIVE]
     assert len(_messages(caplog, logging.WARNING, "left the engine's slots of odd alone")) == 1
-
-
-def test_the_default_state_dir_is_absolute(tmp_path, monkeypatch):
-    assert default_state_dir({"XDG_STATE_HOME": "/srv/state"}, euid=1000) == \
-        Path("/srv/state/hotwire")
-    assert default_state_dir({"XDG_STATE_HOME": "relative"}, euid=0) == Path("/var/lib/hotwire")
-    assert default_state_dir({}, euid=0) == Path("/var/lib/hotwire")
-    assert default_state_dir({}, euid=1000) == Path.home() / ".local/state/hotwire"
-    monkeypatch.chdir(tmp_path)
-    assert Settings.from_env({}).state_dir.is_absolute()
-    assert Settings().state_dir.is_absolute()
-    xdg = {"XDG_STATE_HOME": str(tmp_path / "xdg")}
-    assert Settings.from_env(xdg).catalog_path == tmp_path / "xdg/hotwire/catalog.sqlite3"
-
-
-def test_unknown_vectors_is_a_setting_with_a_flag():
-    assert Settings.from_env({}).unknown_vectors == "adopt"
-    assert Settings.from_env({"HOTWIRE_UNKNOWN_VECTORS": "retire"}).unknown_vectors == "retire"
-    with pytest.raises(ValidationError):
-        Settings.from_env({"HOTWIRE_UNKNOWN_VECTORS": "ignore"})
-    parser = argparse.ArgumentParser()
-    serve.configure(parser)
-    assert parser.parse_args(["--unknown-vectors", "retire"]).unknown_vectors == "retire"
-    assert parser.parse_args([]).unknown_vectors is None

@@ -133,7 +133,7 @@ def test_cache_salt_ignores_the_prompt_length_where_positions_do_not_depend_on_i
     assert cache_salt(spec, prompt_len=200) == cache_salt(spec, prompt_len=320)
 
 
-# Hardening (issue 12) ----------------------------------------------------------------------
+# Hardening ---------------------------------------------------------------------------------
 
 NEWLINE_ID = "c" * 64 + "\n"
 
@@ -168,7 +168,7 @@ def test_texts_spelling_the_same_spec_share_one_parsed_copy():
 
 
 def test_the_spec_cache_holds_a_bounded_number_of_bytes():
-    """Padded specs (the issue's attack: 120 specs of 1 MiB pinned 120 MB) stay within the
+    """Padded specs (the attack run's: 120 specs of 1 MiB pinned 120 MB) stay within the
     cache's byte budget, as the allocator sees it."""
     gc.collect()
     tracemalloc.start()

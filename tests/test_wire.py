@@ -66,7 +66,7 @@ def test_fp16_model_refuses_values_that_would_overflow():
     assert check_vector(np.full(8, 1e6, np.float32), MODEL).max() == 1e6
 
 
-# Hardening (issue 12) ----------------------------------------------------------------------
+# Hardening ---------------------------------------------------------------------------------
 
 @pytest.mark.parametrize("shape", [[2**32, 2**32], [2**62, 4], [2**64 + 1]])
 def test_a_shape_whose_element_count_overflows_is_a_bad_shape(shape):

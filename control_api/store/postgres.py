@@ -26,7 +26,7 @@ Presets (table ``hotwire_presets``) are read from the database on every call, no
 memory: a preset written through one replica is seen by every other at once, with no
 notification to wait for. While the database is unreachable their reads fail like writes
 (vectors keep serving from memory because the engines depend on them; a preset is only looked up).
-The table was added without a schema version bump: older builds ignore it.
+The table needs no schema version bump: older builds ignore it.
 
 The replicas' residency reports are the catalog's :attr:`PostgresCatalog.replica_board`
 (:mod:`.replica_board`); the schema and the connections are :mod:`.postgres_db`'s.

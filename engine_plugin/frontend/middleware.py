@@ -20,7 +20,7 @@ from ..config import HotwireConfig
 from .engine_view import EngineView
 from .models import ServedModels, with_presets
 from .plan import Planner, Refusal
-from .presets import PresetSource, PresetsUnavailable
+from .preset_source import PresetSource, PresetsUnavailable
 from .routes import MODELS
 from .settings import FrontendSettings
 from .verdict import HEADER

@@ -13,7 +13,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any
 
-from .presets import Preset
+from .preset_source import Preset
 
 SEPARATOR = ":"
 

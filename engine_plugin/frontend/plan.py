@@ -26,7 +26,7 @@ from hotwire.shared.spec import MAX_SPEC_CHARS, SPEC_KEY
 
 from .engine_view import EngineView
 from .models import SEPARATOR, ServedModels
-from .presets import Preset, PresetSource, PresetsUnavailable
+from .preset_source import Preset, PresetSource, PresetsUnavailable
 from .verdict import APPLIED, UNVERIFIED, Verdict
 
 STRICT_KEY = "hotwire_strict"
