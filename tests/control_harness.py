@@ -269,7 +269,7 @@ class Rig:
                 engine.stop()
 
     def services(self) -> Services:
-        """The running control API's services (its real catalog, slot manager, ...)."""
+        """The running control API's services (its real catalog, engines, ...)."""
         return self.server.app.state.services
 
     # Helpers over HTTP ------------------------------------------------------------------

@@ -65,8 +65,9 @@ STATUS: dict[type[ControlError], int] = {NotFound: 404, Conflict: 409, Unavailab
 
 
 class ApiError(Exception):
-    """A refusal of the HTTP layer itself (a token, a body, the request's syntax): answered with
-    ``status`` and an error body. Below the API, raise a domain error instead."""
+    """A refusal the API layer decides itself (a token, a body, the request's syntax, a route's
+    own lookup): answered with ``status`` and an error body. Code below the API raises a domain
+    error (:mod:`hotwire.control_api.errors`) instead."""
 
     def __init__(self, status: int, code: str, message: str, headers: dict[str, str] | None = None):
         super().__init__(message)

@@ -3,7 +3,7 @@
 A ``(hidden,)`` vector is one row that serves any layer (slot layer ``ANY_LAYER``), and so is a
 ``(1, hidden)`` one on a model of more than one layer. A ``(n_layers, hidden)`` vector is one row
 per layer it is materialised on: the layers named at upload, or every layer the engine armed.
-The same rules run at upload (to refuse with 422) and whenever an engine attaches, since an
+The same rules run at upload (to refuse it) and whenever an engine attaches, since an
 engine restart may bring another model or arm other layers.
 """
 

@@ -65,8 +65,9 @@ async def register(upload: Upload, ranks: Sequence[Rank], catalog: CatalogStore,
                    evict_timeout_s: float, fed: Sequence[int]) -> tuple[VectorRecord, bool]:
     """Catalog ``upload`` and write it into ``ranks``; returns the record and whether it is new.
 
-    ``ranks`` are the engines that take the upload now (the caller holds the lock of every
-    rank's table); ``fed`` names every rank this API feeds, for the message of a refusal.
+    ``ranks`` are the engines that take the upload now (the caller holds
+    :attr:`.engines.Engines.lock`); ``fed`` names every rank this API feeds, for the message of
+    a refusal.
     """
     vector_id = upload.vector_id
     placements = [_Placement.of(rank, upload) for rank in ranks]

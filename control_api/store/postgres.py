@@ -9,8 +9,8 @@ Same contract as :class:`.sqlite.Catalog` (see :mod:`.catalog`), plus what shari
 - Every write runs ``pg_notify('hotwire_catalog', id)`` in its transaction. A listener thread on
   its own connection re-reads a notified id into memory, and every ``poll_s`` compares the
   catalog's ``seq`` with the last one it read and re-reads the ids changed since, so a
-  notification missed while the listener reconnected still arrives. The slot manager's
-  reconcile loop reads :meth:`records`, so each replica's engine follows the shared catalog.
+  notification missed while the listener reconnected still arrives. The engines' reconcile
+  pass reads :meth:`records`, so each replica's engine follows the shared catalog.
 - Memory is updated per id only by a change at least as new (by ``seq``) as the one it holds, so
   the listener and this process's own commits may apply in any order.
 - A create (``put(replace=False)``) checks that the id has no record after taking the ``seq``
