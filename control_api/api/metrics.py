@@ -1,9 +1,9 @@
 """Prometheus metrics: read from the catalog and the mailboxes at scrape time, plus upload results.
 
 Engine metrics carry a ``dp_rank`` label (``"0"`` for an engine without data parallelism), one
-series per rank the control API feeds; catalog metrics and upload counts have none. The engine's
-counters are exposed as :data:`hotwire.shared.engine_counters.ENGINE_COUNTERS` declares them. Each app has
-its own registry, so several apps in one process (tests) do not collide.
+series per rank the control API feeds; catalog metrics and upload counts have none. The
+engine's counters are exposed as :data:`hotwire.shared.engine_counters.ENGINE_COUNTERS` declares
+them. Each app has its own registry, so several apps in one process (tests) do not collide.
 """
 
 from __future__ import annotations

@@ -2,10 +2,10 @@
 
 Everything that needs no engine is checked here (size, content type, fields, id syntax, dtype,
 encoding, metadata); shape, finiteness and layers are checked against the attached engine's model
-by the upload protocol (:mod:`..slots.registration`). The body is read with a hard cap, so an oversized upload costs at most the
-cap, and at most :data:`MAX_CONCURRENT_UPLOADS` are read at once (see :class:`UploadGate`).
-Decoding runs on a worker thread, in slices that let the event loop run, so probes and reads
-answer while large uploads are decoded.
+by the upload protocol (:mod:`..slots.registration`). The body is read with a hard cap, so an
+oversized upload costs at most the cap, and at most :data:`MAX_CONCURRENT_UPLOADS` are read at
+once (see :class:`UploadGate`). Decoding runs on a worker thread, in slices that let the event
+loop run, so probes and reads answer while large uploads are decoded.
 """
 
 from __future__ import annotations

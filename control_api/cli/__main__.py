@@ -1,3 +1,5 @@
+"""``python -m hotwire.control_api.cli``: the ``hotwire`` command."""
+
 import sys
 
 from .main import main

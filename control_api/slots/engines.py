@@ -11,9 +11,9 @@ An upload is all or nothing over the ranks that can take one now (attached, laye
 is checked against each, room is planned on each before anything is evicted anywhere, and if
 any rank has no room the upload is refused (``NoRoom``) and nothing changes (catalog and every
 table). Then the catalog is written once and the rows go to every such rank (the steps are
-:mod:`.registration`'s). A rank that is detached or not yet
-armed gets the catalog from its reconcile passes when it comes up, as a restarted engine does;
-until then the vector is reported ``not_resident`` (or ``no_engine``) on that rank.
+:mod:`.registration`'s). A rank that is detached or not yet armed gets the catalog from its
+reconcile passes when it comes up, as a restarted engine does; until then the vector is
+reported ``not_resident`` (or ``no_engine``) on that rank.
 
 One asyncio lock (:attr:`Engines.lock`) covers every mutation on every rank and the reconcile
 loop, so slots are never picked by two tasks at once.
