@@ -8,7 +8,8 @@ what vLLM itself does more or less often.
 
 How: servers and load as in ``serve_throughput.py`` (``serving.py``), one server under load at a
 time: C requests in flight, ``--settle-s``, then ``py-spy record --nonblocking --threads --format
-raw`` on the server's ``VLLM::EngineCore`` process for ``--seconds`` at ``--rate`` Hz, with the
+raw --idle`` on the server's ``VLLM::EngineCore`` process (``--idle``: a thread waiting for the
+GIL or a lock is sampled where it waits, so the step thread's samples cover its whole time) for ``--seconds`` at ``--rate`` Hz, with the
 server's step count read from ``/metrics`` around it. Summary per server, for the busiest thread
 (the step thread): its samples, engine steps, samples per step, and its samples by owner: a
 sample is hotwire's when the innermost frame of hotwire's or vLLM's code in it is hotwire's (then
@@ -52,6 +53,7 @@ HOTWIRE_PARTS = {"steer_op": "op", "steer_triton": "op", "routing": "routing", "
                  "stream_bound": "admission", "interventions": "admission", "spec": "admission",
                  "engine": "rank_hooks", "hooks": "rank_hooks", "core_sync": "core_sync", "delta": "core_sync",
                  "salts": "salts", "mailbox": "salts"}
+WRAPPERS = ("_wrap.<locals>.wrapper ", "_doubled.<locals>.wrapper ", "_before_core_step.<locals>.scheduled ")
 # vLLM's own samples, by a frame anywhere in the stack (a sample may count in several)
 VLLM_GROUPS = {
     "compiled_model": ("torchinductor", "Runner.call"),
@@ -77,15 +79,19 @@ def engine_core(server: Server) -> psutil.Process:
 
 def record(pyspy: str, pid: int, seconds: float, rate: int, out: Path) -> None:
     cmd = [pyspy, "record", "--pid", str(pid), "--duration", str(int(seconds)), "--rate", str(rate),
-           "--nonblocking", "--threads", "--format", "raw", "--output", str(out)]
+           "--nonblocking", "--threads", "--idle", "--format", "raw", "--output", str(out)]
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=seconds + 60)
     if proc.returncode != 0 or not out.exists():
         raise SystemExit(f"py-spy failed ({proc.returncode}): {proc.stderr[-2000:]}")
 
 
 def _owner(frames: list[str]) -> tuple[str, str | None]:
-    """("hotwire", its part) or ("vllm", None) or ("other", None), by the innermost frame of either."""
+    """("hotwire", its part) or ("vllm", None) or ("other", None), by the innermost frame of either;
+    the wrappers hotwire puts around vLLM's methods are not hotwire's time (the method they call
+    is vLLM's, and a sample taken in the call between the two shows the wrapper alone)."""
     for frame in reversed(frames):
+        if frame.startswith(WRAPPERS):
+            continue
         m = HOTWIRE_FILES.search(frame)
         if m:
             return "hotwire", HOTWIRE_PARTS.get(m.group(2), "other")
@@ -181,9 +187,9 @@ def main() -> None:
             summary["tokens_per_s"] = round((after["generation_tokens"] - before["generation_tokens"]) / wall, 1)
             summary["step_ms"] = round(1000 * wall / max(summary["steps"], 1), 3)
             result["servers"][s.name] = summary
+            hot = summary["groups"].get("hotwire", {"share": 0.0})
             print(f"{s.name}: {summary['tokens_per_s']:.0f} tok/s, {summary['step_ms']:.2f} ms/step, "
-                  f"{summary['samples_per_step']:.2f} samples/step; hotwire "
-                  f"{summary['groups']['hotwire']['share']:.1%}", flush=True)
+                  f"{summary['samples_per_step']:.2f} samples/step; hotwire {hot['share']:.1%}", flush=True)
     except BaseException:
         print_logs(servers)
         raise

@@ -5,8 +5,9 @@ slot table holds at a step is taken here, once for all ranks (invariant 9).
 
 A daemon thread reads the mailbox every :data:`POLL_S`: it applies the consistent pending
 entries to a :class:`.delta.PendingDelta` (acked at once: they take effect at the next step, and
-nothing is admitted before it), publishes the per-slot references and counters the steps changed,
-and keeps the heartbeat. At each ``Scheduler.schedule()``, on the engine's step thread:
+nothing is admitted before it), keeps the versions the prefix-cache salt reads, writes the per-slot
+references while a retirement waits on them, and keeps the heartbeat (references, counters and
+step times, every :data:`HEARTBEAT_S`). At each ``Scheduler.schedule()``, on the engine's step thread:
 
 1. attach the delta gathered so far to the ``SchedulerOutput`` (``scheduler_output.hotwire``)
    for every rank, and apply it to this process's mirror of the registry;
@@ -17,7 +18,7 @@ and keeps the heartbeat. At each ``Scheduler.schedule()``, on the engine's step 
 The step thread makes no system call: measured in a served engine on the H200, a ``pread`` of
 the mailbox on every step and a ``pwrite`` on every step that changed the references made the
 step thread give up the GIL to vLLM's output thread and wait to get it back, tens to hundreds of
-microseconds a step (``docs/performance.md``, "Session 10"). So that a request sent after an
+microseconds a step (``docs/performance.md``). So that a request sent after an
 upload's answer still sees the upload, the control API answers only once the applied generation
 has reached it (``control_api.slots.rank.Rank.await_applied``). Nothing
 read from the file is trusted (invariant 8): an entry the mailbox finds corrupt is rejected
@@ -85,6 +86,8 @@ class CoreSync:
         self.lock = threading.Lock()
         self.broken: str | None = None if box is not None else "no mailbox"
         self._done = -1  # target generation fully applied; skip the scan while it is unchanged
+        # vector versions as acked (the prefix-cache salt's, :mod:`.salts`): replaced, never changed
+        self.versions: dict[str, str] = box.versions() if box is not None else {}
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._beat, name="hotwire-mailbox", daemon=True)
 
@@ -112,6 +115,7 @@ class CoreSync:
         box = cls._open_mailbox(cfg, vllm_config, fp, armed, loaded)
         counters.mailbox = box
         sync = cls(box, pending, registry, admission, counters)
+        salts.use_versions(lambda: sync.versions)
         if box is not None:
             sync._thread.start()
         par = vllm_config.parallel_config
@@ -145,7 +149,6 @@ class CoreSync:
         path = mailbox_path(cfg, vllm_config)
         if path is None:
             return None
-        salts.follow_mailbox(path)
         try:
             box = EngineMailbox.create(path, fp, cfg.slots, group=cfg.mailbox_gid())
             for slot, vector_id, layer, row in loaded:
@@ -177,48 +180,61 @@ class CoreSync:
             c.host_ns_changed += ns
 
     # -- the mailbox (its thread) -----------------------------------------------------------------
-    def poll(self) -> None:
-        """One period of the mailbox thread: pending entries in, changed references and counters
-        out (a request counted is seen counted within a period)."""
-        with self.lock:
-            self.apply()
-            if self.registry.refs_changed or (self.box is not None and self.box.counters_changed):
-                with self._guard() as usable:
-                    if usable:
-                        self._publish_refs()
-
-    def apply(self) -> None:
-        """Queue every consistent pending entry for the next step; ack it; publish references,
-        then the applied generation. Caller holds :attr:`lock`."""
+    def poll(self, beat: bool = False) -> None:
+        """One period of the mailbox thread: the control API's writes taken in when the target
+        generation moved; the per-slot references written while a retirement waits on them, and
+        with the heartbeat (``beat``), which also writes the counters and a sign of life. No
+        system call is made with :attr:`lock` held: the step thread never waits on one."""
         with self._guard() as usable:
-            if usable and self.box.target_gen() != self._done:
+            if not usable:
+                return
+            if self.box.target_gen() != self._done:
                 self._apply_pending()
+            elif beat or (self.registry.refs_changed and self.box.retiring):
+                self.box.publish(None, *self._refs())
+            if beat:
+                self.counters.heartbeat_ns = time.thread_time_ns()
+                self.counters.publish_step_time()
+                self.box.beat()
+
+    def _refs(self) -> tuple[np.ndarray, np.ndarray]:
+        """A copy of the per-slot references ``(inflight, last_used_ns)`` as the steps left them."""
+        with self.lock:
+            return tuple(a.copy() for a in self.registry.refs_to_publish())  # type: ignore[return-value]
 
     def _apply_pending(self) -> None:
-        self._publish_refs()  # refs must be current before any retirement is acked
+        """Queue every consistent pending entry for the next step, then write the references, the
+        acks, and the applied generation, in that order. The references are copied and the
+        changes queued under one hold of :attr:`lock`: a request admitted before it is in the
+        references, one admitted after it sees a retired slot unbound, so an acked retirement
+        carries exact references (invariant 6)."""
         target, entries, torn = self.box.pending()
+        with self.lock:
+            inflight, last_used = (a.copy() for a in self.registry.refs_to_publish())
+            for e in entries:
+                self._queue(e)
         for e in entries:
-            self._queue(e)
+            if e.problem is not None:
+                log.error("hotwire: mailbox %s: slot %d rejected: %s", self.box.path, e.slot, e.problem)
+        self.box.publish(None, inflight, last_used)
+        for e in entries:
             self.box.ack(e)
         if torn:
             self.counters.add("mailbox_torn_reads", torn)
-        self.box.publish(None if torn else target, *self.registry.refs_to_publish())
+        self.versions = self.box.versions()  # before the applied generation: what a request sent after it sees
         if not torn:
+            self.box.publish(target, inflight, last_used)
             self._done = target
 
     def _queue(self, e: SlotEntry) -> None:
         if e.problem is not None:
             self.pending.unbind(e.slot)
             self.counters.add("mailbox_rejected")
-            log.error("hotwire: mailbox %s: slot %d rejected: %s", self.box.path, e.slot, e.problem)
         elif e.state == ACTIVE:
             self.pending.bind(e.slot, e.vector_id, e.layer, e.gen, e.row)
             self.counters.add("mailbox_rows_applied")
         else:
             self.pending.unbind(e.slot)
-
-    def _publish_refs(self) -> None:
-        self.box.publish(None, *self.registry.refs_to_publish())
 
     @contextlib.contextmanager
     def _guard(self):
@@ -239,16 +255,10 @@ class CoreSync:
     def _beat(self) -> None:
         beat_at = 0.0
         while not self._stop.wait(POLL_S) and self.broken is None:
-            self.poll()
-            if time.monotonic() < beat_at:
-                continue
-            beat_at = time.monotonic() + HEARTBEAT_S
-            with self.lock:
-                self.counters.heartbeat_ns = time.thread_time_ns()
-                self.counters.publish_step_time()
-                with self._guard() as usable:
-                    if usable:
-                        self.box.beat()
+            due = time.monotonic() >= beat_at
+            if due:
+                beat_at = time.monotonic() + HEARTBEAT_S
+            self.poll(beat=due)
 
     def close(self) -> None:
         self._stop.set()

@@ -6,7 +6,7 @@
   digest of the op's source and everything that shapes the tables.
 * Prefix cache (invariant 5): block hashes ignore ``extra_args`` but include ``cache_salt``, so a
   steered request's salt is extended with its canonical spec, the versions of the vectors it
-  reads (from the mailbox) and, where its tokens are chosen relative to the prompt's end, the
+  reads (as the engine's mailbox thread acked them) and, where its tokens are chosen relative to the prompt's end, the
   prompt's length: KV blocks are never shared between requests whose tokens there are steered
   differently.
 """
@@ -17,14 +17,13 @@ import functools
 import hashlib
 import inspect
 import logging
-import os
+from collections.abc import Callable
 from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
 from types import ModuleType
 from typing import Any
 
-from hotwire.shared.mailbox import MailboxError, MailboxView
-from hotwire.shared.spec import SpecError, cache_salt, parse_spec, spec_from_extra_args
+from hotwire.shared.spec import SPEC_KEY, SpecError, cache_salt, parse_spec, spec_from_extra_args
 
 from .admission import prompt_length
 from .config import HotwireConfig
@@ -71,47 +70,15 @@ def patch_config_hash(module: ModuleType) -> None:
     cls.compute_hash = compute_hash
 
 
-class _Versions:
-    """Vector versions as this engine's own mailbox holds them (:meth:`MailboxView.versions`;
-    one mailbox per data-parallel rank: the engine core names it, :func:`follow_mailbox`; until
-    then the configured one, rank 0's), re-read only when the directory changed."""
-
-    def __init__(self) -> None:
-        self.path: str | None = None
-        self._view: MailboxView | None = None
-        self._seen = -1
-        self._versions: dict[str, str] = {}
-
-    def get(self) -> dict[str, str]:
-        path = self.path if self.path is not None else HotwireConfig.from_env().mailbox
-        if not path:
-            return {}
-        try:
-            if self._view is None or os.stat(path).st_ino != self._view.inode:
-                self._close()
-                self._view, self._seen = MailboxView.open(path), -1
-            head = self._view.header
-            target = int(head["target_gen"]) ^ int(head["epoch"])
-            if target != self._seen:
-                self._versions, self._seen = self._view.versions(), target
-        except (OSError, MailboxError, ValueError):
-            self._close()  # no mailbox, or an unreadable one: salt with the spec alone
-            self._versions = {}
-        return self._versions
-
-    def _close(self) -> None:
-        if self._view is not None:
-            self._view.close()
-            self._view = None
+_versions: Callable[[], dict[str, str]] = dict  # none known: the spec alone (startup vectors never change)
 
 
-_versions = _Versions()
-
-
-def follow_mailbox(path: str) -> None:
-    """Salt with the versions of ``path``: the engine core's own mailbox
-    (:func:`hotwire.shared.mailbox.dp_mailbox_path` of its rank)."""
-    _versions.path = path
+def use_versions(source: Callable[[], dict[str, str]]) -> None:
+    """Salt with the vector versions ``source`` returns: the engine core's own mailbox's
+    (:meth:`.core_sync.CoreSync.versions`, kept in memory by its mailbox thread, so a request's
+    arrival makes no system call)."""
+    global _versions
+    _versions = source
 
 
 def request_salt(sampling_params: Any, prompt_len: int) -> str | None:
@@ -123,7 +90,7 @@ def request_salt(sampling_params: Any, prompt_len: int) -> str | None:
         entries = parse_spec(raw)
     except SpecError:
         return None  # runs unsteered: may share blocks with unsteered requests
-    return cache_salt(entries, _versions.get(), prompt_len) if entries else None
+    return cache_salt(entries, _versions(), prompt_len) if entries else None
 
 
 def patch_request(module: ModuleType) -> None:
@@ -136,14 +103,44 @@ def patch_request(module: ModuleType) -> None:
         log.error("hotwire: Request has no cache_salt/sampling_params; prefix caching is NOT "
                   "isolated between steering configs — disable it (--no-enable-prefix-caching)")
         return
+    call = _Arguments(sig)
 
     def __init__(self, *args, **kwargs):
-        bound = sig.bind(self, *args, **kwargs)
-        salt = request_salt(bound.arguments.get("sampling_params"), prompt_length(bound.arguments))
-        if salt is not None:
-            prior = bound.arguments.get("cache_salt")
-            bound.arguments["cache_salt"] = f"{prior}|{salt}" if prior else salt
-        orig(*bound.args, **bound.kwargs)
+        args = (self, *args)
+        sp = call.get("sampling_params", args, kwargs)
+        extra = getattr(sp, "extra_args", None)
+        if extra and SPEC_KEY in extra:  # an unsteered request costs this look only
+            prompt = {name: call.get(name, args, kwargs) for name in ("prompt_token_ids", "prompt_embeds")}
+            salt = request_salt(sp, prompt_length(prompt))
+            if salt is not None:
+                prior = call.get("cache_salt", args, kwargs)
+                args = call.set("cache_salt", f"{prior}|{salt}" if prior else salt, args, kwargs)
+        orig(*args, **kwargs)
 
     __init__.__hotwire__ = True
     cls.__init__ = __init__
+
+
+class _Arguments:
+    """A function's named arguments, read and set in ``(args, kwargs)`` as the caller passed them:
+    ``Signature.bind`` on every request cost tens of microseconds on the engine core's input
+    thread, which shares the step thread's GIL."""
+
+    def __init__(self, sig: inspect.Signature):
+        positional = (inspect.Parameter.POSITIONAL_ONLY, inspect.Parameter.POSITIONAL_OR_KEYWORD)
+        self._index = {name: i for i, (name, p) in enumerate(sig.parameters.items()) if p.kind in positional}
+        self._default = {name: None if p.default is p.empty else p.default for name, p in sig.parameters.items()}
+
+    def get(self, name: str, args: tuple, kwargs: dict) -> Any:
+        if name in kwargs:
+            return kwargs[name]
+        i = self._index.get(name)
+        return args[i] if i is not None and i < len(args) else self._default.get(name)
+
+    def set(self, name: str, value: Any, args: tuple, kwargs: dict) -> tuple:
+        """``args`` with ``name`` set to ``value`` (or ``kwargs`` changed, where it goes there)."""
+        i = self._index.get(name)
+        if i is not None and i < len(args):
+            return (*args[:i], value, *args[i + 1:])
+        kwargs[name] = value
+        return args

@@ -512,9 +512,10 @@ class EngineMailbox(_Mailbox):
     def __init__(self, path: str, fd: int):
         super().__init__(path, fd)
         self._engine = np.zeros(self.n_slots, dtype=ENGINE)
+        self._ids = [""] * self.n_slots  # the vector id of each slot as acked
+        self._epoch = self.epoch  # this engine made the file: its epoch never changes
         self._counters = np.zeros(HEADER["counters"].shape, dtype="<u8")
         self._torn: dict[int, tuple[int, float]] = {}  # slot -> (odd seq, first seen)
-        self.counters_changed = False
 
     @classmethod
     def create(cls, path: str, fp: Fingerprint, n_slots: int, group: int | None = None) -> "EngineMailbox":
@@ -554,6 +555,7 @@ class EngineMailbox(_Mailbox):
         entry["flags"], entry["vector_id"] = FLAG_PINNED | FLAG_STARTUP, vector_id.encode()
         self._write_entry(slot, entry, row)
         self._engine["applied_seq"][slot], self._engine["state"][slot] = self._read_seq(slot), ACTIVE
+        self._ids[slot] = vector_id
         self._write_engine(slot, slot + 1)
 
     def target_gen(self) -> int:
@@ -612,18 +614,35 @@ class EngineMailbox(_Mailbox):
         """The engine applied ``entry``; a rejected one is acknowledged as holding nothing."""
         self._engine["state"][entry.slot] = FREE if entry.problem else entry.state
         self._engine["applied_seq"][entry.slot] = entry.seq
+        self._ids[entry.slot] = entry.vector_id
         self._write_engine(entry.slot, entry.slot + 1)
 
+    @property
+    def retiring(self) -> bool:
+        """Is a slot acked as retiring (the control API waits for its references to reach 0)?"""
+        return bool((self._engine["state"] == RETIRING).any())
+
+    def versions(self) -> dict[str, str]:
+        """``{vector id: version}`` of every slot acked ACTIVE: where and when this mailbox got the
+        vector's rows (its slots and their write sequence numbers, and the file's epoch), so a
+        version is never repeated for other rows in the engine's lifetime, whatever catalog
+        wrote them (a rebuilt catalog restarts its generations; a slot's sequence numbers only
+        grow). From memory: what the engine acked, which the next step binds."""
+        epoch, e = self._epoch, self._engine
+        found: dict[str, list[str]] = {}
+        for slot in np.flatnonzero(e["state"] == ACTIVE).tolist():
+            found.setdefault(self._ids[slot], []).append(f"{slot}:{int(e['applied_seq'][slot])}")
+        return {vid: f"{epoch:x}/{','.join(where)}" for vid, where in found.items()}
+
     def publish(self, applied_gen: int | None, inflight: np.ndarray, last_used_ns: np.ndarray) -> None:
-        """Per-slot references first, then the counters and the applied generation (readers
-        trust references once a retirement is acked)."""
+        """Per-slot references first, then the applied generation (readers trust references once a
+        retirement is acked). The counters go out with the heartbeat (:meth:`beat`)."""
         self._check_size()
         e = self._engine
         changed = np.flatnonzero((e["inflight"] != inflight) | (e["last_used_ns"] != last_used_ns))
         if changed.size:
             e["inflight"], e["last_used_ns"] = inflight, last_used_ns
             self._write_engine(int(changed[0]), int(changed[-1]) + 1)
-        self.flush_counters()
         if applied_gen is not None:
             self._set("applied_gen", applied_gen)
 
@@ -632,13 +651,11 @@ class EngineMailbox(_Mailbox):
 
     def add_counter(self, name: str, n: int = 1) -> None:
         self._counters[COUNTER_INDEX[name]] += n
-        self.counters_changed = True
 
     def flush_counters(self) -> None:
-        """Write the counters out now (a step that counted something; the heartbeat does too)."""
+        """Write the counters out now (the heartbeat does)."""
         self._check_size()
         self._set("counters", self._counters)
-        self.counters_changed = False
 
     def set_counter(self, name: str, value: int) -> None:
         self._counters[COUNTER_INDEX[name]] = value
@@ -712,19 +729,3 @@ class MailboxView(_Mailbox):
     @classmethod
     def open(cls, path: str) -> "MailboxView":
         return cls._at(path, writable=False)
-
-    def versions(self) -> dict[str, str]:
-        """``{vector id: version}`` of every ACTIVE slot with a valid id: where and when this
-        mailbox got the vector's rows (its slots and their write sequence numbers, and the file's
-        epoch), so a version is never repeated for other rows in the engine's lifetime, whatever
-        catalog wrote them (a rebuilt catalog restarts its generations; the sequence numbers
-        of the file's slots only grow)."""
-        d = self.directory
-        epoch = self.epoch
-        slots = np.flatnonzero(d["state"] == ACTIVE)
-        found: dict[str, list[str]] = {}
-        for slot, raw, seq in zip(slots.tolist(), d["vector_id"][slots].tolist(), d["seq"][slots].tolist()):
-            vid = _text(raw)
-            if valid_id(vid):
-                found.setdefault(vid, []).append(f"{slot}:{seq}")
-        return {vid: f"{epoch:x}/{','.join(where)}" for vid, where in found.items()}

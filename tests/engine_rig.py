@@ -71,8 +71,9 @@ class Rig:
         return out
 
     def idle(self) -> None:
-        """A period of the core's mailbox thread while no step runs."""
-        self.core.poll()
+        """A period of the core's mailbox thread while no step runs, with its heartbeat (which
+        writes the references and counters)."""
+        self.core.poll(beat=True)
 
     @property
     def registry(self) -> Registry:

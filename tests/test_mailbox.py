@@ -34,29 +34,36 @@ def test_each_dp_rank_has_its_own_mailbox_beside_rank_0s(tmp_path):
                                          12: tmp_path / "engine.mbx.dp12"}
 
 
-def test_view_reads_a_version_of_each_active_vector_that_no_later_write_repeats(tmp_path):
+def test_the_engine_keeps_a_version_of_each_acked_vector_that_no_later_write_repeats(tmp_path):
     path = str(tmp_path / "e.mbx")
-    EngineMailbox.create(path, FP, n_slots=5)
+    engine = EngineMailbox.create(path, FP, n_slots=5)
     control = ControlMailbox.attach(path)
+
+    def taken_in() -> dict[str, str]:
+        for e in engine.pending()[1]:
+            engine.ack(e)
+        return engine.versions()
+
     control.write(0, "a", 1, np.zeros(8, np.float32), gen=3)
     control.write(1, "a", 2, np.zeros(8, np.float32), gen=4)
     control.write(2, "b", ANY_LAYER, np.zeros(8, np.float32), gen=1)
+    assert set(engine.versions()) == set()  # written, not yet acked
     control.retire(2)
-    view = MailboxView.open(path)
-    first = view.versions()
-    assert set(first) == {"a"} and first["a"].startswith(f"{view.epoch:x}/")
+    first = taken_in()
+    assert set(first) == {"a"} and first["a"].startswith(f"{engine.epoch:x}/")
     seen = {first["a"]}
     control.retire(0)
     control.retire(1)
+    assert taken_in() == {}
     # a control API with a fresh catalog pushes "a" again: generation 1, the same slots
     fresh = ControlMailbox.attach(path)
     fresh.write(0, "a", 1, np.zeros(8, np.float32), gen=1)
     fresh.write(1, "a", 2, np.zeros(8, np.float32), gen=1)
-    again = view.versions()["a"]
+    again = taken_in()["a"]
     assert again not in seen
     seen.add(again)
     fresh.write(1, "a", 2, np.ones(8, np.float32), gen=2)  # one layer's row replaced
-    assert view.versions()["a"] not in seen
+    assert taken_in()["a"] not in seen
 
 
 def test_engine_restart_replaces_the_file_with_a_new_epoch(tmp_path):
@@ -154,12 +161,12 @@ def test_a_truncated_file_stops_the_sync_and_kills_no_one(tmp_path, size):
     rig.control.write(0, "v", ANY_LAYER, np.ones(8, np.float32), gen=1)
     rig.step()
     os.truncate(path, size)
-    rig.step(new=[("r", {"hotwire": '{"id": "v", "layer": 1}'}, 3)])  # refs change: a publish
+    rig.step(new=[("r", {"hotwire": '{"id": "v", "layer": 1}'}, 3)])
+    rig.idle()  # the heartbeat writes the references and counters: the file is found short
     assert "r" in rig.router.active  # still steering with what it holds
     assert rig.core.broken is not None and rig.counters.counts["mailbox_errors"] == 1
     rig.step(finished=["r"])  # no exception: the sync has stopped
-    with rig.core.lock:
-        rig.core.apply()
+    rig.idle()
     assert rig.control.replaced() and os.path.getsize(path) == size  # nothing wrote past the end
     with pytest.raises(MailboxError):
         rig.control.heartbeat_age_s() if size < 4096 else rig.control.directory
