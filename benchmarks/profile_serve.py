@@ -49,7 +49,8 @@ from serving import (SERVER_CORES, Load, Server, add_common_args, cpu_plan, engi
 # hotwire's (hotwire's hooks wrap vLLM's methods, so a wrapper frame alone says nothing); it is
 # then filed by that frame's module, and ``op_launch`` holds the op's samples inside Triton.
 HOTWIRE_FILES = re.compile(r"(engine_plugin|hotwire/shared|/shared)/(\w+)\.py")
-HOTWIRE_PARTS = {"steer_op": "op", "steer_triton": "op", "routing": "routing", "admission": "admission",
+HOTWIRE_PARTS = {"steer_op": "op", "steer_triton": "op", "routing": "routing", "staging": "routing",
+                 "steering": "routing", "gate_report": "rank_hooks", "registry": "admission", "admission": "admission",
                  "stream_bound": "admission", "interventions": "admission", "spec": "admission",
                  "engine": "rank_hooks", "hooks": "rank_hooks", "core_sync": "core_sync", "delta": "core_sync",
                  "salts": "salts", "mailbox": "salts"}

@@ -86,25 +86,37 @@ class Router:
                 continue
             del self._row_of[req_id]
             self._dirty = True
-            if admitted.gates and self.report is not None:
-                self.report.finish(req_id, admitted.row, admitted.gates)
+            if admitted.gates:
+                self._gated_row_done(req_id, admitted)
+
+    @torch.inference_mode()
+    def _gated_row_done(self, req_id: str, admitted: Admitted) -> None:
+        """A gated request's row, cleared for its next request: its prompt gates' decisions (no
+        other request writes them), and its counts once read back."""
+        self.tables.gate_decided[admitted.row].zero_()
+        if self.report is not None:
+            self.report.finish(req_id, admitted.row, admitted.gates)
 
     @torch.inference_mode()
     def commit(self) -> None:
-        """Write the rows of requests admitted since the last commit, in one ``index_copy_``
-        (:meth:`route` does, before it gathers)."""
+        """Write the rows of requests admitted since the last commit (:meth:`route` does, before
+        it gathers): their row numbers and contents in one upload, then one ``index_put_``.
+
+        Few torch calls, because each one releases the GIL: in a served engine, vLLM's output
+        thread then takes it, and the step thread waits for it back (measured on the H200 at 256
+        in flight: ~70 µs a call where it costs ~7 µs alone)."""
         if not self._staged:
             return
-        route = np.zeros((len(self._staged), *self.tables.route.shape[1:]), dtype=np.int32)  # [n, A, K, 8]
+        m, shape = len(self._staged), self.tables.route.shape[1:]  # shape: [A, K, 8]
+        buf = np.zeros(m + m * int(np.prod(shape)), dtype=np.int32)  # [row numbers | rows]
+        buf[:m] = [row for row, _ in self._staged]
+        route = buf[m:].reshape(m, *shape)
         for i, (_, entries) in enumerate(self._staged):
             for pos, k, words in entries:
                 route[i, pos, k] = words
-        rows = [row for row, _ in self._staged]
         self._staged.clear()
-        dev = self.tables.route.device
-        idx = to_device(np.array(rows, dtype=np.int64), dev)
-        self.tables.route.index_copy_(0, idx, to_device(route, dev))
-        self.tables.gate_decided.index_fill_(0, idx, 0)  # a new request's prompt gates start closed
+        dev = to_device(buf, self.tables.route.device)
+        self.tables.route.index_put_((dev[:m],), dev[m:].view(m, *shape))
         self._rows_written = True
 
     # -- per step -----------------------------------------------------------------------------

@@ -123,6 +123,23 @@ def test_route_names_the_layers_the_steps_requests_have_entries_on(rig):
     assert live() == []
 
 
+def test_a_gated_requests_row_starts_closed_for_the_next_request(rig):
+    """A prompt gate's decision is held per request row; the row's next request must not inherit
+    it (it is cleared when the gated request finishes)."""
+    tables, router = rig.tables, rig.router
+    for admission in (rig.core.admission, router.admission):  # the probe reads the stream at layer 1
+        admission.projecting = frozenset({1, 3})
+    rig.control.write(0, "v", ANY_LAYER, np.ones(H, np.float32), gen=1)
+    gated = {"id": "v", "layer": 3, "gate": {"probe": "v", "layer": 1, "scope": "prompt"}}
+    rig.step(new=[("g", _spec(gated), 3)])
+    router.route(["g"], np.array([3]))
+    row = router.active["g"].row
+    tables.gate_decided[row, 0] = 1  # the op decided it open on the prompt's last token
+    rig.step(finished=["g"], new=[("next", _spec({"id": "v", "layer": 1}), 3)])
+    assert router.active["next"].row == row
+    assert tables.gate_decided[row].abs().sum() == 0
+
+
 def test_reused_row_with_the_same_token_map_is_copied_again(rig):
     """A request leaves and the next one takes its row: same token map, new row contents."""
     tables, router = rig.tables, rig.router
