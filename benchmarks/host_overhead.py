@@ -3,8 +3,8 @@
 Times the plugin's own host code paths with the real Router/Registry/tables (on CUDA when
 available, else CPU), outside vLLM so nothing else is in the numbers:
 
-* ``admit``        per arriving request: parse (a spec text not seen before), resolve, stage its
-                   routing row (once per request)
+* ``admit``        per arriving request: the engine core parses (a spec text not seen before) and
+                   resolves it, the rank stages its routing row (once per request)
 * ``admit_seen_spec`` the same for a spec text seen before (parsed once, then cached)
 * ``commit``       per step with arrivals: one batched write of the staged rows
 * ``route_steady`` per decode step of an unchanged batch (the common case: no copy at all)
@@ -71,7 +71,14 @@ def main() -> None:
         registry.bind(s, f"v{s}", ANY_LAYER, gen=1, absmax=1.0, norm=1.0)
     admission = Admission(registry, armed=range(LAYERS), entries=4, requests=2 * BATCH,
                           budget=StreamBudget.of(torch.bfloat16), counters=Counters())
-    router = Router(ArmedModel(tables, tuple(range(LAYERS))), admission)
+    router = Router(ArmedModel(tables, tuple(range(LAYERS))))
+
+    def admit(rid: str, extra: dict) -> None:
+        """What a one-GPU engine does per arriving request: the engine core admits, the rank stages."""
+        router.finish((rid,))
+        admission.finish((rid,))
+        router.admit(rid, admission.admit(rid, extra, prompt_len=32))
+
     admit_repeat = max(5, args.repeat // 20)
     # every request of every repeat its own spec text: parsed texts are cached, and the figure is
     # for requests that each bring a new one
@@ -83,16 +90,14 @@ def main() -> None:
     fresh = iter(specs)
 
     def admit_all():
-        router.finish(ids)
         for rid, extra in zip(ids, next(fresh)):
-            router.admit(rid, extra, prompt_len=32)
+            admit(rid, extra)
 
     timings = {"admit_per_request": [t / BATCH for t in _timed(admit_all, admit_repeat)]}
 
     def admit_seen():
-        router.finish(ids)
         for rid, extra in zip(ids, specs[0]):  # the first repeat's texts: parsed, in the cache
-            router.admit(rid, extra, prompt_len=32)
+            admit(rid, extra)
 
     timings["admit_per_request_seen_spec"] = [t / BATCH for t in _timed(admit_seen, admit_repeat)]
     admit_all()
@@ -111,6 +116,7 @@ def main() -> None:
 
     timings["route_churn"] = _timed(churn, args.repeat)
     router.finish(ids)
+    admission.finish(ids)
     router.route(ids, ones)
     timings["idle"] = _timed(lambda: router.route(ids, ones), args.repeat)
 

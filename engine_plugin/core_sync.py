@@ -9,11 +9,12 @@ nothing is admitted before it), keeps the versions the prefix-cache salt reads, 
 references while a retirement waits on them, and keeps the heartbeat (references, counters and
 step times, every :data:`HEARTBEAT_S`). At each ``Scheduler.schedule()``, on the engine's step thread:
 
-1. attach the delta gathered so far to the ``SchedulerOutput`` (``scheduler_output.hotwire``)
-   for every rank, and apply it to this process's mirror of the registry;
-2. run the step's finishes and arrivals through the same :class:`.admission.Admission` the
-   ranks run, so the mirror's per-slot references are the ranks' own: the thread publishes them
-   before it acks a retirement, so the ack carries references that are exact (invariant 6).
+1. apply the delta gathered so far to the registry;
+2. run the step's finishes and arrivals through :class:`.admission.Admission`, which holds the
+   per-slot references of the requests in flight: the thread publishes them before it acks a
+   retirement, so the ack carries references that are exact (invariant 6);
+3. send both to every rank with the step (:class:`.step_decision.StepDecision`, attribute
+   ``hotwire`` of the ``SchedulerOutput``).
 
 The step thread makes no system call: measured in a served engine on the H200, a ``pread`` of
 the mailbox on every step and a ``pwrite`` on every step that changed the references made the
@@ -43,11 +44,12 @@ from hotwire.shared.mailbox import (ACTIVE, ANY_LAYER, EngineMailbox, Fingerprin
                                     dp_mailbox_path)
 
 from . import salts, startup
-from .admission import Admission, request_args
+from .admission import Admission, Admitted, request_args
 from .config import HotwireConfig
 from .counters import Counters, process_counters
 from .delta import PendingDelta
 from .registry import Registry
+from .step_decision import StepDecision
 from .stream_bound import StreamBudget
 
 log = logging.getLogger("vllm.hotwire")
@@ -110,7 +112,7 @@ class CoreSync:
                               requests=2 * int(vllm_config.scheduler_config.max_num_seqs),
                               budget=StreamBudget.of(dtype), counters=counters,
                               projecting=cfg.projecting_layers(int(text.num_hidden_layers)))
-        pending = PendingDelta(fp.hidden, dtype, armed=tuple(armed))
+        pending = PendingDelta(fp.hidden, dtype)
         loaded = cls._load_startup(cfg, fp, armed, pending)
         box = cls._open_mailbox(cfg, vllm_config, fp, armed, loaded)
         counters.mailbox = box
@@ -161,16 +163,20 @@ class CoreSync:
 
     # -- per step (the engine core's thread) ------------------------------------------------------
     def on_schedule(self, scheduler_output: Any) -> None:
-        """Decide this step's slot table, send it with the step, and mirror its admissions."""
+        """Decide this step's slot table and admissions, and send them with the step."""
         t = time.perf_counter_ns()
         with self.lock:
             delta = self.pending.take()
-            scheduler_output.hotwire = delta  # set even when None: the ranks know the core decides
             if delta is not None:
                 delta.apply(self.registry, None)
             self.admission.finish(scheduler_output.finished_req_ids)
+            admitted = []
             for req in scheduler_output.scheduled_new_reqs:
-                self.admission.admit(*request_args(req))
+                req_id, extra_args, prompt_len = request_args(req)
+                result = self.admission.admit(req_id, extra_args, prompt_len)
+                if isinstance(result, Admitted):
+                    admitted.append((req_id, result))
+        scheduler_output.hotwire = StepDecision(delta, tuple(admitted))  # every step: the ranks know the core decides
         ns, c = time.perf_counter_ns() - t, self.counters
         c.steps += 1
         c.host_ns += ns

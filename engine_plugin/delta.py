@@ -1,11 +1,11 @@
 """The change to the slot bindings that one engine step carries to every rank.
 
 The engine core takes every decision (:mod:`.core_sync`): it reads the mailbox, and the changes
-it accepted since the last step ride the next ``SchedulerOutput`` (attribute ``hotwire``) to the
-workers through vLLM's own transport, rows included: in process, through the multiprocessing
-executor's broadcast queue, or Ray, on one node or many, with no shared file system. Every rank
-and the engine core's own mirror apply the same delta at the start of the same step, before that
-step's requests are admitted, so all of them bind the same slots at the same step (invariant 9).
+it accepted since the last step ride the next ``SchedulerOutput`` (:class:`.step_decision.StepDecision`)
+to the workers through vLLM's own transport, rows included: in process, through the
+multiprocessing executor's broadcast queue, or Ray, on one node or many, with no shared file
+system. The engine core binds the slots at the start of the step, before it admits that step's
+requests; every rank writes the rows into its bank at the same step (invariant 9).
 
 Per slot only the last change counts (a step sees the table as it is when it starts), so a delta
 is: slots to unbind, then slots to bind in the order they were bound (newest-wins per
@@ -39,17 +39,18 @@ class SyncDelta:
     unbinds: tuple[int, ...]
     binds: tuple[Bind, ...]
     rows: np.ndarray  # [len(binds), H] float32: row i for binds[i]
-    armed: tuple[int, ...] | None = None  # the engine's armed layers (all stages), first delta only
 
-    def apply(self, registry: Registry, bank: torch.Tensor | None) -> None:
-        """Rows into ``bank`` (None on the engine core, which holds no bank), then bindings:
-        a binding is made only after its row copy is enqueued, on the step's stream."""
-        for slot in self.unbinds:
-            registry.unbind(slot)
+    def apply(self, registry: Registry | None, bank: torch.Tensor | None) -> None:
+        """Bindings into ``registry`` (None on a rank, which admits nothing itself) and rows into
+        ``bank`` (None on the engine core, which holds no bank)."""
+        if registry is not None:
+            for slot in self.unbinds:
+                registry.unbind(slot)
         if self.binds and bank is not None:
             write_rows(bank, [b.slot for b in self.binds], self.rows)
-        for b in self.binds:
-            registry.bind(b.slot, b.vector_id, b.layer, b.gen, b.absmax, b.norm)
+        if registry is not None:
+            for b in self.binds:
+                registry.bind(b.slot, b.vector_id, b.layer, b.gen, b.absmax, b.norm)
 
 
 @torch.inference_mode()
@@ -65,7 +66,6 @@ class PendingDelta:
 
     hidden: int
     dtype: torch.dtype  # the bank's
-    armed: tuple[int, ...] | None = None
     _binds: dict[int, tuple[Bind, np.ndarray]] = field(default_factory=dict)
     _unbinds: set[int] = field(default_factory=set)
 
@@ -81,10 +81,10 @@ class PendingDelta:
 
     def take(self) -> SyncDelta | None:
         """The delta for the step being scheduled (None when nothing changed); starts anew."""
-        if not (self._binds or self._unbinds or self.armed is not None):
+        if not (self._binds or self._unbinds):
             return None
         rows = [row for _, row in self._binds.values()]
         delta = SyncDelta(tuple(sorted(self._unbinds)), tuple(b for b, _ in self._binds.values()),
-                          np.stack(rows) if rows else np.zeros((0, self.hidden), np.float32), self.armed)
-        self._binds, self._unbinds, self.armed = {}, set(), None
+                          np.stack(rows) if rows else np.zeros((0, self.hidden), np.float32))
+        self._binds, self._unbinds = {}, set()
         return delta

@@ -2,13 +2,14 @@
 
 vLLM calls (through :mod:`.hooks`):
   * ``Steerer.attach(runner)`` right after ``load_model`` — before profiling, compile and capture;
-  * ``on_schedule(scheduler_output)`` at the top of ``execute_model`` — the step's slot-table
-    delta from the engine core (:mod:`.core_sync`), then finished and new requests;
+  * ``on_schedule(scheduler_output)`` at the top of ``execute_model`` — the engine core's
+    decision for the step (:mod:`.step_decision`): its slot-table delta, then finished requests
+    and the ones the core admitted;
   * ``on_batch(req_ids, num_tokens)`` after the runner has settled the step's batch.
 
-A rank never reads the mailbox: every change arrives with the step it belongs to, so all ranks
-of a TP/PP engine change at the same step (invariant 9), and bank rows are written only on the
-runner's thread, never during CUDA-graph capture. Both hooks add their time to the process's
+A rank never reads the mailbox nor parses a spec: every change and admission arrives with the
+step it belongs to, so all ranks of a TP/PP engine change at the same step (invariant 9), and
+bank rows are written only on the runner's thread, never during CUDA-graph capture. Both hooks add their time to the process's
 ``host_ns`` counter and their own (``hotwire_engine_host_seconds`` and
 ``hotwire_engine_hook_host_seconds`` in the control API's metrics when the rank shares the engine
 core's process, the one-GPU layout), and to ``host_ns_changed`` in steps in which requests arrived
@@ -25,12 +26,9 @@ import numpy as np
 import torch
 
 from . import idle_graphs
-from .admission import Admission, request_args
 from .config import HotwireConfig
 from .counters import Counters, process_counters
 from .gate_report import GateReport
-from .registry import Registry
-from .stream_bound import StreamBudget
 from .routing import Router
 from .steering import SteeringTables, arm, decoder_layers
 
@@ -64,11 +62,7 @@ class Steerer:
         tables = SteeringTables(slots=cfg.slots, hidden=hidden, armed=len(armed), requests=requests,
                                 entries=cfg.entries, max_tokens=max_tokens, dtype=dtype,
                                 device=torch.device(runner.device))
-        projecting = cfg.projecting_layers(n_layers)  # the engine core's too: the same admissions
-        armed_model = arm(found, armed, tables, projecting)
-        # Armed layers of every stage arrive with the engine core's first delta; until then, ours.
-        admission = Admission(Registry(cfg.slots), armed=armed, entries=cfg.entries, requests=requests,
-                              budget=StreamBudget.of(dtype), counters=None, projecting=projecting)
+        armed_model = arm(found, armed, tables, cfg.projecting_layers(n_layers))
         log.info("hotwire: armed %d/%d decoder layers of %s %s; tables %.1f MiB on %s "
                  "(%d slots, %d request rows, %d entries/layer)",
                  len(armed), n_layers, type(model).__name__, armed, tables.nbytes / 2**20, runner.device,
@@ -80,32 +74,30 @@ class Steerer:
             log.info("hotwire: each armed layer adds one kernel launch (about 1.1-1.6 us on an H200) to %s; "
                      "set HOTWIRE_LAYERS to the layers you steer to pay only for those", steps)
         counters = process_counters()
-        return cls(Router(armed_model, admission, GateReport(tables.gate_counts, counters)), tables, counters)
+        return cls(Router(armed_model, GateReport(tables.gate_counts, counters)), tables, counters)
 
     # -- per step -------------------------------------------------------------------------------
     def on_schedule(self, scheduler_output: Any) -> None:
-        """The step's delta, then finished and new requests (vLLM has not touched its batch yet)."""
+        """The engine core's decision for the step: the slot rows into the bank, then finished and
+        admitted requests (vLLM has not touched its batch yet)."""
         t = time.perf_counter_ns()
-        if hasattr(scheduler_output, "hotwire"):
+        decision = getattr(scheduler_output, "hotwire", None)
+        if decision is not None:
             self._heard_core = True
-            delta = scheduler_output.hotwire
-            if delta is not None:
-                admission = self.router.admission
-                if delta.armed is not None:
-                    admission.armed = frozenset(delta.armed)
-                delta.apply(admission.registry, self.tables.bank)
+            if decision.delta is not None:
+                decision.delta.apply(None, self.tables.bank)
         elif not self._heard_core:
             self._heard_core = True  # say it once
             log.error("hotwire: the engine core did not load hotwire (is it installed there, and "
                       "VLLM_PLUGINS not filtering it out?); this rank serves without steering")
-        new, finished = scheduler_output.scheduled_new_reqs, scheduler_output.finished_req_ids
+        finished = scheduler_output.finished_req_ids
         if self.router.report is not None:
             self.router.report.poll()
-        self._changed = bool(new or finished)
+        self._changed = bool(scheduler_output.scheduled_new_reqs or finished)
         if self._changed:
             self.router.finish(finished)
-            for req in new:
-                self.router.admit(*request_args(req))
+            for req_id, admitted in decision.admitted if decision is not None else ():
+                self.router.admit(req_id, admitted)
         ns, c = time.perf_counter_ns() - t, self.counters
         c.host_ns += ns
         c.host_ns_schedule += ns

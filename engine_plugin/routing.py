@@ -1,7 +1,8 @@
 """Per-request routing rows and the per-step token -> request map, on one rank.
 
-Per request, on arrival only: :class:`.admission.Admission` resolves the spec to bank slots,
-and this rank writes one request row ``[A, K, 8]`` of its route table for the layers it holds.
+Per request, on arrival only: the engine core's :class:`.admission.Admission` resolved the spec
+to bank slots (:mod:`.step_decision`), and this rank writes one request row ``[A, K, 8]`` of its
+route table for the layers it holds.
 Per step: one vectorised ``np.repeat`` of request rows over the step's token counts; when it or
 the rows changed, one copy to ``tok_row`` and one gather of the rows into the per-token table
 the op reads (decode steps of a steady batch reuse it: positions, not the map, move the token
@@ -14,12 +15,11 @@ from __future__ import annotations
 import logging
 from collections.abc import Iterable, Sequence
 from itertools import repeat
-from typing import Any
 
 import numpy as np
 import torch
 
-from .admission import Admission, Admitted, Term
+from .admission import Admitted, Term
 from .gate_report import GateReport
 from .interventions import PROBE
 from .staging import copy_into, to_device
@@ -29,9 +29,10 @@ log = logging.getLogger("vllm.hotwire")
 
 
 class Router:
-    def __init__(self, armed: ArmedModel, admission: Admission, report: GateReport | None = None):
-        self.armed, self.admission, self.report = armed, admission, report
+    def __init__(self, armed: ArmedModel, report: GateReport | None = None):
+        self.armed, self.report = armed, report
         self.tables = armed.tables
+        self.active: dict[str, Admitted] = {}  # the steered requests in flight, as the engine core admitted them
         self._ids: list[str] = []  # the last step's batch, to skip unchanged decode steps
         self._counts = np.zeros(0, dtype=np.int32)
         self._dirty = False  # a request arrived or left since the last route()
@@ -43,26 +44,21 @@ class Router:
         self._row_layers = np.zeros(self.tables.route.shape[:2], dtype=bool)
 
     @property
-    def active(self) -> dict:
-        return self.admission.active
-
-    @property
     def steering(self) -> bool:
         """Does the last routed step send any token to a request row (else nothing is steered)?"""
         return len(self._tok) > 0
 
     # -- arrival / finish -------------------------------------------------------------------
-    def admit(self, req_id: str, extra_args: dict[str, Any] | None, prompt_len: int) -> None:
+    def admit(self, req_id: str, admitted: Admitted) -> None:
+        """Stage the request row of a request the engine core admitted (written by :meth:`commit`)."""
         self.finish((req_id,))
-        admitted = self.admission.admit(req_id, extra_args, prompt_len)
-        if not isinstance(admitted, Admitted):
-            return
         cut = self._gates_elsewhere(admitted.terms)
         entries = []  # another stage's layer: that rank writes it
         for t in admitted.terms:
             pos = self.armed.position(t.layer)
             if pos is not None and t.gate not in cut:
                 entries.append((pos, t.k, (t.slot + 1, *t.words)))
+        self.active[req_id] = admitted
         self._row_of[req_id] = admitted.row
         self._row_layers[admitted.row] = False
         self._row_layers[admitted.row, [pos for pos, _, _ in entries]] = True
@@ -81,8 +77,8 @@ class Router:
 
     def finish(self, req_ids: Iterable[str]) -> None:
         for req_id in req_ids:
-            admitted = self.admission.active.get(req_id)
-            if admitted is None or not self.admission.finish((req_id,)):
+            admitted = self.active.pop(req_id, None)
+            if admitted is None:
                 continue
             del self._row_of[req_id]
             self._dirty = True

@@ -2,8 +2,9 @@
 
 :class:`CoreSync` is the only mailbox reader (its thread's period is :meth:`CoreSync.poll`,
 run here before each step); each step's scheduler output goes through the core's
-``on_schedule`` and then to each rank's (:class:`Steerer`). ``Step`` carries the two
-fields of vLLM's ``SchedulerOutput`` that hotwire reads.
+``on_schedule`` (which decides the step: :class:`~hotwire.engine_plugin.step_decision.StepDecision`)
+and then to each rank's (:class:`Steerer`). ``Step`` carries the two fields of vLLM's
+``SchedulerOutput`` that hotwire reads.
 """
 
 from dataclasses import dataclass, field
@@ -12,7 +13,6 @@ from types import SimpleNamespace
 import torch
 
 from hotwire.engine_plugin.admission import Admission
-from hotwire.engine_plugin.stream_bound import StreamBudget
 from hotwire.engine_plugin.core_sync import CoreSync
 from hotwire.engine_plugin.counters import Counters
 from hotwire.engine_plugin.delta import PendingDelta
@@ -20,6 +20,7 @@ from hotwire.engine_plugin.engine import Steerer
 from hotwire.engine_plugin.registry import Registry
 from hotwire.engine_plugin.routing import Router
 from hotwire.engine_plugin.steering import ArmedModel, SteeringTables
+from hotwire.engine_plugin.stream_bound import StreamBudget
 from hotwire.shared.mailbox import ControlMailbox, EngineMailbox, Fingerprint
 
 H, SLOTS, REQUESTS, ENTRIES = 8, 6, 3, 2
@@ -42,9 +43,7 @@ def new_req(req_id: str, extra_args, prompt_len: int = 3):
 def make_rank(device: str, armed=ARMED) -> Steerer:
     tables = SteeringTables(slots=SLOTS, hidden=H, armed=len(armed), requests=REQUESTS, entries=ENTRIES,
                             max_tokens=64, dtype=torch.float32, device=torch.device(device))
-    admission = Admission(Registry(SLOTS), armed=armed, entries=ENTRIES, requests=REQUESTS,
-                          budget=StreamBudget.of(torch.float32), counters=None)
-    return Steerer(Router(ArmedModel(tables, armed), admission), tables, Counters())
+    return Steerer(Router(ArmedModel(tables, armed)), tables, Counters())
 
 
 class Rig:
@@ -56,7 +55,7 @@ class Rig:
         registry = Registry(SLOTS)
         admission = Admission(registry, armed=ARMED, entries=ENTRIES, requests=REQUESTS,
                               budget=StreamBudget.of(torch.float32), counters=self.counters)
-        self.core = CoreSync(box, PendingDelta(H, torch.float32, armed=ARMED), registry, admission, self.counters)
+        self.core = CoreSync(box, PendingDelta(H, torch.float32), registry, admission, self.counters)
         self.rank = make_rank(device)
         self.tables, self.router = self.rank.tables, self.rank.router
         self.control = ControlMailbox.attach(str(tmp_path / "e.mbx"))
@@ -77,5 +76,6 @@ class Rig:
 
     @property
     def registry(self) -> Registry:
-        return self.rank.router.admission.registry
+        """The slot bindings and references: the engine core's (ranks hold none)."""
+        return self.core.registry
 
