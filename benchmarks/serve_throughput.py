@@ -37,11 +37,13 @@ How:
   read ``/metrics``, wait ``--window-s``, read again, then stop the load (its requests in flight are
   cancelled, and counted) and wait until the server runs nothing. Tokens/s = the difference of the
   server's ``vllm:generation_tokens_total`` over the time between the two reads.
-* Order: per concurrency, a warm-up window per server (not in the ratios), then rounds of one window
-  per server, the order reversed every other round (A B, B A, A B, ...: drift within a pair of
-  rounds favours neither server) until ``--rounds`` or until the next round would overrun
-  ``--budget-s`` (the remaining budget is split evenly over the concurrencies still to run).
-  Per round and server the ratio to the plugin-free window of the same round; reported: the median
+* Order: per concurrency, a warm-up window per server (not in the ratios), then rounds of two
+  windows per server, A B B A (the next round B A A B), until ``--rounds`` or until the next round
+  would overrun ``--budget-s`` (the remaining budget is split evenly over the concurrencies still
+  to run). Why: on the H200 the server measured right after the other one's window was the slower
+  one in 7 of 8 rounds of one window each (10-25 %), whichever it was; in A B B A each server has
+  one window after the other's and one after its own, and linear drift cancels. Per round the
+  ratio of each server's mean tokens/s to plugin-free's; reported: the median
   ratio, its range, a bootstrap 95 % interval of the median and that interval's width, and a verdict:
   "met" or "not met" only when the interval lies on one side of 0.99 (and at least
   ``MIN_ROUNDS`` rounds ran), "unresolved" otherwise; ``resolved``: the interval is narrower than 1 %.
@@ -61,8 +63,9 @@ How:
 
 The JSON (``--out``) is rewritten after every round, so a time-out keeps what was measured.
 Run time: start-up (~2 min at 0.6B on the H200, the servers in parallel) plus, per server window,
-``--settle-s`` + ``--window-s`` + ~1 s (stop, drain); with the defaults and two servers a round takes
-~17 s, so the default budget (450 s) fits a warm-up and ~8 rounds at each of 64 and 256 in flight.
+``--settle-s`` + ``--window-s`` + ~1 s (stop, drain); with the defaults and two servers a round (four
+windows) takes ~32 s, so the default budget (450 s) fits a warm-up and ~4 rounds at each of 64 and
+256 in flight; give one concurrency the whole budget for more.
 An ``eager`` server steps ~50 ms on the H200 (``decode.py``): give it a longer settle.
 ``--smoke`` runs the tiny random model on CPU (fp32, eager, small lengths and concurrency): it
 checks the script end to end; its numbers mean nothing.
@@ -146,18 +149,20 @@ def _check_pending(server: Server, pending: dict) -> dict[str, int]:
 
 # ---------------------------------------------------------------- report
 def _summary(samples: list[dict], concurrency: list[int], names: list[str]) -> list[dict]:
+    rounds_by_c = {}
+    for s in samples:
+        if s["round"] >= 0:
+            rounds_by_c.setdefault(s["concurrency"], {}).setdefault(s["round"], {}).setdefault(s["server"], []).append(s)
     rows = []
     for c in concurrency:
-        rounds = {}
-        for s in samples:
-            if s["concurrency"] == c and s["round"] >= 0:
-                rounds.setdefault(s["round"], {})[s["server"]] = s
-        full = [r for _, r in sorted(rounds.items()) if len(r) == len(names)]
+        rounds = rounds_by_c.get(c, {})
+        full = [r for _, r in sorted(rounds.items()) if len(r) == len(names) and
+                len({len(w) for w in r.values()}) == 1]
         if not full:
             continue
         row = {"concurrency": c, "rounds": len(full)}
         for n in names:
-            mine = [r[n] for r in full]
+            mine = [x for r in full for x in r[n]]  # every window of the server
             row[f"{n}_tokens_per_s"] = round(median([x["tokens_per_s"] for x in mine]), 1)
             row[f"{n}_step_ms"] = round(median([x["step_ms"] for x in mine]), 3)
             row[f"{n}_steps"] = round(median([x["steps"] for x in mine]))
@@ -170,7 +175,7 @@ def _summary(samples: list[dict], concurrency: list[int], names: list[str]) -> l
                 if value is not None:
                     row[f"{n}_{field}"] = round(value, 5)
         for n in names[1:]:
-            ratios = [r[n]["tokens_per_s"] / r["plugin_free"]["tokens_per_s"] for r in full]
+            ratios = [_mean_tokens(r[n]) / _mean_tokens(r["plugin_free"]) for r in full]
             ci = median_ci(ratios)
             row[f"{n}_over_plugin_free"] = round(median(ratios), 4)
             row[f"{n}_over_plugin_free_range"] = [round(min(ratios), 4), round(max(ratios), 4)]
@@ -182,6 +187,10 @@ def _summary(samples: list[dict], concurrency: list[int], names: list[str]) -> l
                          if len(full) >= MIN_ROUNDS else "unresolved" for n in names[1:] if n != "eager"}
         rows.append(row)
     return rows
+
+
+def _mean_tokens(windows: list[dict]) -> float:
+    return sum(w["tokens_per_s"] for w in windows) / len(windows)
 
 
 def _markdown(rows: list[dict], names: list[str]) -> str:
@@ -304,18 +313,20 @@ def main() -> None:
                     break
                 t = time.monotonic()
                 order = servers if r % 2 == 0 else servers[::-1]
-                rows = {}
+                order = order + order[::-1]  # A B B A: each server once after the other, once after itself
+                rows: dict[str, list[dict]] = {}
                 for s in order:
-                    rows[s.name] = _window(load, s, client, c, {**make, "seed": 1000 * c + r}, args, pending)
-                    result["samples"].append({"concurrency": c, "round": r, "server": s.name, **rows[s.name]})
+                    w = _window(load, s, client, c, {**make, "seed": 1000 * c + r}, args, pending)
+                    rows.setdefault(s.name, []).append(w)
+                    result["samples"].append({"concurrency": c, "round": r, "server": s.name, **w})
                 result["rows"] = _summary(result["samples"], concurrency, names)
                 args.out.write_text(json.dumps(result, indent=1))  # partial results survive a time-out
                 last = time.monotonic() - t
-                pf = rows["plugin_free"]["tokens_per_s"]
-                cells = [f"{n} {rows[n]['tokens_per_s']:.0f}" for n in names] + \
-                        [f"{n}/plugin_free {rows[n]['tokens_per_s'] / pf:.4f}" for n in names[1:]]
-                host = [f"{n} {rows[n]['steady_us_per_step']:.1f}" for n in names
-                        if rows[n].get("steady_us_per_step") is not None]
+                pf = _mean_tokens(rows["plugin_free"])
+                cells = [f"{n} {_mean_tokens(rows[n]):.0f}" for n in names] + \
+                        [f"{n}/plugin_free {_mean_tokens(rows[n]) / pf:.4f}" for n in names[1:]]
+                host = [f"{n} {rows[n][-1]['steady_us_per_step']:.1f}" for n in names
+                        if rows[n][-1].get("steady_us_per_step") is not None]
                 print(f"C={c} round {r} ({' '.join(s.name for s in order)}): tok/s {', '.join(cells)}"
                       + (f"; steady host µs/step {', '.join(host)}" if host else "") + f" ({last:.0f} s)", flush=True)
             result["phases_s"][f"c{c}_rounds"] = round(time.monotonic() - t_rounds, 1)
