@@ -154,20 +154,3 @@ def test_the_cap_keeps_both_addends_and_the_ops_float32_sums_finite():
         assert b.cap**2 < torch.finfo(torch.float32).max  # ‖h‖² in float32
         assert b.cap * b.longest < torch.finfo(torch.float32).max  # h·v in float32
         assert b.natural**2 == pytest.approx(b.cap)
-
-
-@pytest.mark.parametrize("entry", [
-    {"id": "unit", "layers": "all", "mode": "ablate"},
-    {"id": "nope", "layers": "all", "mode": "ablate"},
-    {"id": "unit", "layers": "all", "mode": "clamp", "lo": 0.0},
-    {"id": "unit", "layers": "all", "mode": "norm", "scale": 0.1},
-])
-def test_a_projecting_entry_on_all_layers_without_projection_layers_is_refused(entry):
-    """It would steer nothing, so it must never be reported as applied (strict mode passes
-    what admission admits)."""
-    registry = Registry(SLOTS)
-    registry.bind(0, "unit", ANY_LAYER, 1, 1.0, 4.0)
-    admission = Admission(registry, armed=range(LAYERS), entries=4, requests=8,
-                          budget=StreamBudget.of(torch.float32), counters=None)
-    result = admission.admit("r", {"hotwire": json.dumps(entry)}, 8)
-    assert isinstance(result, Refused) and result.reason == "unarmed_projection", result

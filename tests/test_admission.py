@@ -1,0 +1,86 @@
+"""Admission on the engine core (engine_plugin.admission): a spec resolved to a request row and its
+slots, and every refusal counted once, by reason (tests/engine_rig.py: one core, its ranks)."""
+
+import json
+
+import numpy as np
+import pytest
+import torch
+
+from engine_rig import ENTRIES, REQUESTS, H, Rig
+from hotwire.engine_plugin.admission import Admission, Refused
+from hotwire.engine_plugin.registry import Registry
+from hotwire.engine_plugin.stream_bound import StreamBudget
+from hotwire.shared.mailbox import ANY_LAYER
+
+
+@pytest.fixture
+def rig(tmp_path):
+    return Rig(tmp_path)
+
+
+def _spec(*entries):
+    return {"hotwire": json.dumps(list(entries))}
+
+
+def test_admit_writes_one_request_row_and_holds_its_slots(rig):
+    rig.control.write(0, "v", ANY_LAYER, np.ones(H, np.float32), gen=1)
+    rig.step()
+    rig.step(new=[("r1", _spec({"id": "v", "layer": 3, "scale": 2.0, "positions": "prompt"},
+                               {"id": "v", "layer": 3, "scale": -1.0}), 5)])
+    rig.router.commit()
+    tables, row = rig.tables, rig.router.active["r1"].row
+    assert tables.route[row, 1, :, :3].tolist() == [[1, 0, 5], [1, 0, 2**31 - 1]]
+    assert tables.route[row, 1, :, 4].view(torch.float32).tolist() == [2.0, -1.0]
+    assert tables.route[row, 0].abs().sum() == 0  # layer 1 untouched
+    assert rig.registry.inflight[0] == 1 and rig.core.registry.inflight[0] == 1
+    rig.idle()  # the mailbox thread publishes the references
+    assert rig.counters.counts["steered_requests"] == 1 and int(rig.control.engine["inflight"][0]) == 1
+    rig.step(finished=["r1"])
+    assert rig.registry.inflight[0] == 0 and "r1" not in rig.router.active
+    rig.idle()
+    assert int(rig.control.engine["inflight"][0]) == 0
+
+
+@pytest.mark.parametrize("extra,reason", [
+    ({"hotwire": "{"}, "unsteered_malformed"),
+    (_spec({"id": "nope", "layer": 1}), "unsteered_unknown_id"),
+    (_spec({"id": "v", "layer": 2}), "unsteered_unarmed_layer"),
+    (_spec(*[{"id": "v", "layer": 1}] * (ENTRIES + 1)), "unsteered_too_many_entries"),
+    (_spec({"id": "v", "layer": 1, "scale": 1e38}), "unsteered_out_of_range"),
+])
+def test_refused_specs_run_unsteered_and_are_counted(rig, extra, reason):
+    rig.control.write(0, "v", ANY_LAYER, np.ones(H, np.float32), gen=1)
+    rig.step()
+    rig.step(new=[("r", extra, 3)])
+    assert "r" not in rig.router.active and rig.registry.inflight.sum() == 0
+    assert rig.counters.counts[reason] == 1 and rig.rank.counters.counts[reason] == 0  # said once
+    rig.core.box.beat()
+    assert rig.control.counters()[reason] == 1  # mirrored for the control API at the next heartbeat
+
+
+def test_full_request_table_runs_the_rest_unsteered(rig):
+    rig.control.write(0, "v", ANY_LAYER, np.ones(H, np.float32), gen=1)
+    rig.step()
+    rig.step(new=[(f"r{i}", _spec({"id": "v", "layer": 1}), 3) for i in range(REQUESTS + 1)])
+    assert len(rig.router.active) == REQUESTS and rig.counters.counts["unsteered_table_full"] == 1
+    assert rig.core.admission.active.keys() == rig.router.active.keys()
+    rig.step(finished=["r0"], new=[("late", _spec({"id": "v", "layer": 1}), 3)])
+    assert "late" in rig.router.active and "late" in rig.core.admission.active
+
+
+@pytest.mark.parametrize("entry", [
+    {"id": "unit", "layers": "all", "mode": "ablate"},
+    {"id": "nope", "layers": "all", "mode": "ablate"},
+    {"id": "unit", "layers": "all", "mode": "clamp", "lo": 0.0},
+    {"id": "unit", "layers": "all", "mode": "norm", "scale": 0.1},
+])
+def test_a_projecting_entry_on_all_layers_without_projection_layers_is_refused(entry):
+    """It would steer nothing, so it must never be reported as applied (strict mode passes
+    what admission admits)."""
+    registry = Registry(4)
+    registry.bind(0, "unit", ANY_LAYER, 1, 1.0, 4.0)
+    admission = Admission(registry, armed=range(12), entries=4, requests=8,
+                          budget=StreamBudget.of(torch.float32), counters=None)
+    result = admission.admit("r", {"hotwire": json.dumps(entry)}, 8)
+    assert isinstance(result, Refused) and result.reason == "unarmed_projection", result
