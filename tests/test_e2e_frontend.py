@@ -22,6 +22,7 @@ Expected tokens are never hard-coded: each comparison is between real runs.
 from __future__ import annotations
 
 import json
+import time
 from typing import Any
 
 import numpy as np
@@ -31,6 +32,7 @@ import pytest
 from conftest import CPU_ENGINE, HIDDEN, requires_vllm
 from control_harness import json_body
 from hotwire.shared.wire import encode_safetensors
+from hotwire.engine_plugin.core_sync import HEARTBEAT_S
 from servers import ControlApi, VllmServer, free_port, logs_on_failure
 
 pytestmark = [requires_vllm, pytest.mark.vllm, pytest.mark.slow]
@@ -117,7 +119,9 @@ def client(rig) -> openai.OpenAI:
 
 
 def counters(control: ControlApi) -> dict[str, int]:
-    """The engine's request counters (steered, and unsteered by reason)."""
+    """The engine's request counters (steered, and unsteered by reason), once the engine's
+    heartbeat has published what the requests so far counted."""
+    time.sleep(2 * HEARTBEAT_S)
     r = control.api().get("/steer/slots")
     assert r.status_code == 200, r.text
     return {k: v for k, v in r.json()["engine"]["counters"].items()

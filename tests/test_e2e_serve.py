@@ -22,6 +22,7 @@ import json
 import math
 import os
 import threading
+import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from datetime import datetime
@@ -34,6 +35,7 @@ import pytest
 
 from conftest import CPU_ENGINE, HIDDEN, LAYERS, requires_vllm
 from control_harness import json_body, safetensors_blob
+from hotwire.engine_plugin.core_sync import HEARTBEAT_S
 from hotwire.tools.verify import STABLE_INDUCTOR
 from hotwire.shared.wire import encode_safetensors
 from servers import ControlApi, VllmServer, logs_on_failure, wait_for
@@ -144,6 +146,8 @@ class Rig:
         return r.json()
 
     def counters(self) -> dict[str, int]:
+        """The engine's counters, once its heartbeat has published what the steps so far counted."""
+        time.sleep(2 * HEARTBEAT_S)
         return self.slots()["engine"]["counters"]
 
     def active(self, vector_id: str) -> list[dict]:
