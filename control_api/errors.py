@@ -34,3 +34,8 @@ class Unavailable(ControlError):
 
 class NoRoom(ControlError):
     """The engines' slots cannot take it (``no_space``, ``evict_timeout``)."""
+
+
+class StorageFull(ControlError):
+    """The catalog's storage took nothing in (``storage_full``): its disk or a quota is full, a
+    file size limit is reached, or the disk fails; the write was rolled back."""

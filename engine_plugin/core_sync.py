@@ -40,8 +40,8 @@ from typing import Any
 
 import numpy as np
 
-from hotwire.shared.mailbox import (ACTIVE, ANY_LAYER, EngineMailbox, Fingerprint, MailboxError, SlotEntry,
-                                    dp_mailbox_path)
+from hotwire.shared.mailbox import (ACTIVE, ANY_LAYER, HEARTBEAT_S, EngineMailbox, Fingerprint,
+                                    MailboxError, SlotEntry, dp_mailbox_path)
 
 from . import salts, startup
 from .admission import Admission, Admitted, request_args
@@ -55,7 +55,6 @@ from .stream_bound import StreamBudget
 log = logging.getLogger("vllm.hotwire")
 
 POLL_S = 0.02  # the mailbox thread's period: a registration reaches a step within it
-HEARTBEAT_S = 0.25
 
 
 def armed_layers(worker: Any) -> list[int]:

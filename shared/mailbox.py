@@ -110,7 +110,9 @@ MAX_SLOTS, MAX_HIDDEN = 1 << 20, 1 << 16  # bounds on what a header may claim
 STUCK_S = 1.0  # a seqlock held odd this long is a corrupt entry, not a write in progress
 FILE_MODE = 0o660
 DIR_MODE, GROUP_DIR_MODE = 0o700, 0o750  # a mailbox directory the engine makes: its own, or its group's too
-LIVE_S = 5.0  # a mailbox beaten this recently has a live engine (it beats every 0.25 s)
+HEARTBEAT_S = 0.25  # the engine beats this often (its mailbox thread, engine_plugin.core_sync)
+QUIET_S = 4 * HEARTBEAT_S  # a heartbeat this old: the engine takes no write in now (4 beats missed)
+LIVE_S = 5.0  # a mailbox beaten this recently has a live engine
 _OWN_EPOCHS: set[int] = set()  # the epochs of the mailboxes this process created: its own to replace
 
 

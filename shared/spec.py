@@ -318,6 +318,13 @@ def _parse_items(raw: Any) -> tuple[SteerEntry, ...]:
     return tuple(entries)
 
 
+def spec_text(entries: Any) -> str:
+    """The JSON text the engine receives for a list of entries (compact, in their order): what the
+    OpenAI server builds when it expands presets, and what :data:`MAX_SPEC_CHARS` bounds, so a
+    preset is checked against the limit a request using it meets."""
+    return json.dumps(list(entries), separators=(",", ":"))
+
+
 def spec_from_extra_args(extra_args: dict[str, Any] | None) -> Any:
     """The raw spec of a request, or ``None`` when it asks for no steering."""
     if not extra_args:

@@ -9,6 +9,7 @@ thread that the test can pause. Tests decide which vectors running requests hold
 from __future__ import annotations
 
 import base64
+import collections
 import contextlib
 import json
 import os
@@ -153,14 +154,22 @@ def free_port() -> int:
 
 
 class ServerThread:
-    """``create_app(settings)`` served by uvicorn on 127.0.0.1, lifespan included."""
+    """``create_app(settings)`` served by uvicorn on 127.0.0.1, lifespan included; ``requests``
+    counts the HTTP requests it received, by ``(method, path)``."""
 
     def __init__(self, settings: Settings):
         self.sock = socket.socket()
         self.sock.bind(("127.0.0.1", 0))
         self.url = f"http://127.0.0.1:{self.sock.getsockname()[1]}"
         self.app = create_app(settings)
-        config = uvicorn.Config(self.app, log_level="warning", lifespan="on")
+        self.requests: collections.Counter[tuple[str, str]] = collections.Counter()
+
+        async def counted(scope, receive, send) -> None:
+            if scope["type"] == "http":
+                self.requests[scope["method"], scope["path"]] += 1
+            await self.app(scope, receive, send)
+
+        config = uvicorn.Config(counted, log_level="warning", lifespan="on")
         self.server = uvicorn.Server(config)
         self._thread = threading.Thread(target=self.server.run, kwargs={"sockets": [self.sock]},
                                         daemon=True)

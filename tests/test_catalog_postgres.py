@@ -223,7 +223,7 @@ def _replica(tmp_path: Path, name: str, dsn: str, n_slots: int = 32) -> Rig:
 
 
 def _catalog(rig: Rig) -> PostgresCatalog:
-    catalog = rig.server.server.config.app.state.services.catalog
+    catalog = rig.services().catalog
     assert isinstance(catalog, PostgresCatalog)
     return catalog
 

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import logging
 import shutil
-import sqlite3
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -17,6 +16,7 @@ import numpy as np
 import pytest
 
 from hotwire.control_api.slots.reconcile import RECONCILE_PERIOD_S
+from hotwire.control_api.store.records import CatalogFull
 from hotwire.control_api.store.sqlite import Catalog, CatalogLost
 from hotwire.shared.mailbox import ANY_LAYER
 
@@ -138,11 +138,12 @@ def test_a_full_disk_leaves_the_catalog_as_it_was(tmp_path):
                          metadata={})
     big = {"note": "x" * 20_000}  # needs pages the full disk does not have
     with _full_disk(catalog):
-        with pytest.raises(sqlite3.OperationalError) as raised:
+        with pytest.raises(CatalogFull) as raised:
             catalog.put("b", exact_vector(H), dtype="float32", layers=None, pinned=False,
                         metadata=big)
-        assert raised.value.sqlite_errorname == "SQLITE_FULL"  # not a failed ROLLBACK
-        with pytest.raises(sqlite3.OperationalError):
+        assert raised.value.code == "storage_full"
+        assert raised.value.__cause__.sqlite_errorname == "SQLITE_FULL"  # not a failed ROLLBACK
+        with pytest.raises(CatalogFull):
             catalog.put("a", exact_vector(H, seed=3), dtype="float32", layers=None, pinned=True,
                         metadata=big)
     assert catalog.records() == {"a": before}
@@ -163,7 +164,7 @@ def test_a_push_on_a_full_disk_writes_no_row_and_changes_nothing(rig):
     big = {"note": "x" * 20_000}
     with _full_disk(rig.services().catalog):
         r = rig.push("c", exact_vector(H), metadata=big)
-        assert r.status_code == 507, r.text
+        assert (r.status_code, r.json()["error"]["code"]) == (507, "storage_full"), r.text
         r = rig.push("a", exact_vector(H, seed=5), replace=True, metadata=big)
         assert r.status_code == 507, r.text
     time.sleep(3 * RECONCILE_PERIOD_S)

@@ -9,7 +9,8 @@ given. What is checked:
 - ``x-hotwire: applied`` / ``unsteered; reason=<code>`` on plain and streaming responses, no
   header when nothing was asked; the engine counts the same reason;
 - strict mode (``vllm_xargs.hotwire_strict``) refuses with 400 and the reason, and the engine
-  never sees the request (its counters do not move);
+  never sees the request (its counters do not move); the reasons are told to clients that send
+  the read token (``x-hotwire-token``), the state alone to the others;
 - presets as spec items and as model names (``tiny:<preset>``), listed in ``/v1/models`` with the
   base model as parent; an unknown preset model is a 404;
 - a second server with ``HOTWIRE_STRICT=1``, startup vectors and a control API that is not there:
@@ -50,8 +51,10 @@ def vec(seed: int) -> np.ndarray:
     return (np.random.default_rng(seed).standard_normal(HIDDEN) * 4).astype(np.float32)
 
 
-def oai(engine: VllmServer) -> openai.OpenAI:
-    return openai.OpenAI(base_url=f"{engine.url}/v1", api_key="unused", max_retries=0, timeout=300)
+def oai(engine: VllmServer, read_token: str | None = None) -> openai.OpenAI:
+    """A client of ``engine``; with ``read_token``, told why a spec would run unsteered."""
+    return openai.OpenAI(base_url=f"{engine.url}/v1", api_key="unused", max_retries=0, timeout=300,
+                         default_headers={"x-hotwire-token": read_token} if read_token else None)
 
 
 def extra(steer: Any = None, **xargs: Any) -> dict[str, Any]:
@@ -115,7 +118,7 @@ def rig(request, tmp_path_factory, tiny_model):
 
 @pytest.fixture(scope="module")
 def client(rig) -> openai.OpenAI:
-    return oai(rig[0])
+    return oai(rig[0], READ_TOKEN)
 
 
 def counters(control: ControlApi) -> dict[str, int]:
@@ -209,6 +212,17 @@ def test_strict_request_is_refused_before_the_engine_sees_it(rig, client, reason
     assert counters(control) == before  # nothing was computed, nothing counted
 
 
+def test_a_client_without_the_read_token_is_told_the_state_alone(rig, client):
+    anonymous = oai(rig[0])
+    plain, _ = complete(client)
+    assert complete(anonymous, UNSTEERED["unknown_id"]) == (plain, "unsteered")
+    status, error, header = refused(complete, anonymous, UNSTEERED["out_of_range"],
+                                    hotwire_strict=True)
+    assert (status, header) == (400, "unsteered")
+    assert "out_of_range" not in error["message"] and "fe-a" not in error["message"]
+    assert complete(anonymous, A) == complete(client, A)  # steered alike: the state is "applied"
+
+
 def test_strict_request_that_steers_is_served(client):
     steered = complete(client, A)
     assert complete(client, A, hotwire_strict=True) == steered
@@ -233,7 +247,7 @@ def test_a_vector_registered_or_removed_changes_the_verdict_at_once(rig, client)
 
 def test_preset_items_expand_into_their_entries(rig, client):
     engine, control = rig
-    add_preset(control, "fe-mood", [A])  # made now: found at once (a miss asks the control API)
+    add_preset(control, "fe-mood", [A])  # made now, never asked for before: found at once
     explicit = complete(client, [A])
     assert complete(client, [{"preset": "fe-mood"}]) == explicit
     assert complete(client, json.dumps({"preset": "fe-mood"})) == explicit

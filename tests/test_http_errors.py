@@ -1,9 +1,10 @@
 """Every failure is the JSON error body (control_api.api.http_errors): unknown routes, methods a
-path does not serve, a bug (500), a full disk under the catalog (507).
+path does not serve, a bug (500), storage that runs out under the catalog or another file (507).
 """
 
 from __future__ import annotations
 
+import errno
 import logging
 import os
 import shutil
@@ -72,9 +73,24 @@ def _private_tmpfs_prefix(tmp_path: Path) -> Callable[[Path], list[str]]:
     return lambda directory: [*unshare, "sh", "-c", mount, str(directory)]
 
 
-def test_a_full_disk_is_a_507_and_changes_nothing(tmp_path):
-    """The catalog on a real 1 MiB filesystem that fills up (SQLite reports SQLITE_FULL)."""
-    prefix = _private_tmpfs_prefix(tmp_path)
+def _file_size_limit_prefix(tmp_path: Path) -> Callable[[Path], list[str]]:
+    """A command prefix that runs a program under ``ulimit -f 1024`` (1 MiB per file)."""
+    if shutil.which("bash") is None:
+        pytest.skip("needs bash for ulimit -f")
+    return lambda directory: ["bash", "-c", 'ulimit -f 1024 && exec "$@"', "bash"]
+
+
+STORAGE = {  # how the catalog's storage runs out -> the command prefix that makes it so
+    "full tmpfs (SQLITE_FULL)": _private_tmpfs_prefix,
+    "ulimit -f (EFBIG: SQLITE_IOERR, disk I/O error)": _file_size_limit_prefix,
+}
+
+
+@pytest.mark.parametrize("storage", STORAGE)
+def test_storage_that_runs_out_is_a_507_and_changes_nothing(tmp_path, storage):
+    """The catalog on real storage that runs out: a 1 MiB file system that fills up, or a file
+    size limit of 1 MiB (writes past it fail with EFBIG, which SQLite reports as an I/O error)."""
+    prefix = STORAGE[storage](tmp_path)
     state_dir = tmp_path / "state"
     state_dir.mkdir()
     engine = EnginePump(tmp_path / "engine.mbx", n_slots=64)
@@ -90,14 +106,34 @@ def test_a_full_disk_is_a_507_and_changes_nothing(tmp_path):
             pushed.append(f"v{i}")
         else:
             pytest.fail("20 pushes of 120 kB fitted in 1 MiB")
-        assert_error(r, 507, "disk_full")
+        assert_error(r, 507, "storage_full")
+        message = r.json()["error"]["message"]
+        assert str(state_dir) in message and "nothing was changed" in message
         assert (api.http.get("/steer/vectors").json(), engine.seqs()) == before
         assert pushed and [v["id"] for v in before[0]["vectors"]] == pushed
         again = api.http.post("/steer/vectors", json=json_body("again", exact_vector(H),
                                                                 metadata=padding))
-        assert_error(again, 507, "disk_full")
+        assert_error(again, 507, "storage_full")
         assert api.http.get("/healthz").status_code == 200
     finally:
         log = api.stop()
         engine.stop()
-    assert "disk is full" in log
+    assert "failed for want of storage" in log and "Traceback" not in log
+
+
+def test_a_file_write_refused_for_want_of_space_is_a_507(caplog):
+    """Out of space outside the catalog (a file the file system would not let grow): 507, the
+    file named, and no traceback."""
+    app = FastAPI()
+    install_error_handlers(app)
+
+    @app.post("/write")
+    async def write() -> None:
+        raise OSError(errno.EFBIG, os.strerror(errno.EFBIG), "/dev/shm/hotwire/engine.mbx")
+
+    with caplog.at_level(logging.ERROR, logger="hotwire.control_api"), \
+            TestClient(app, raise_server_exceptions=False) as client:
+        r = client.post("/write")
+    assert_error(r, 507, "storage_full")
+    assert "/dev/shm/hotwire/engine.mbx" in r.json()["error"]["message"]
+    assert "Traceback" not in caplog.text

@@ -100,6 +100,8 @@ BAD_BODIES = {  # body -> (status, code, a piece of the message)
                         422, "bad_entries", "finite in float32"),
     "too many": ({"name": "p", "entries": [{"id": "a", "layer": 1}] * 17}, 422, "bad_entries",
                  "too_many_entries: 17 entries"),
+    "longer than a spec": ({"name": "p", "entries": [{"id": "a", "layers": list(range(4000))}]},
+                           422, "bad_entries", "too_large: the entries are 18913 characters"),
     "not objects": ({"name": "p", "entries": [1]}, 422, "invalid_request", "entries.0"),
     "bad name": ({"name": "calm down", "entries": CALM}, 422, "bad_id", "must match"),
     "name with a newline": ({"name": "calm\n", "entries": CALM}, 422, "bad_id", "must match"),

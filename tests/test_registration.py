@@ -228,3 +228,21 @@ def test_a_push_to_a_dead_engine_is_queued_until_a_new_one_takes_it(tmp_path):
         wait_until(lambda: rig.resident("late"), what="resident on the new engine")
     finally:
         rig.stop()
+
+
+def test_a_push_in_the_first_seconds_after_the_engine_stopped_is_not_resident(rig):
+    """Within the readiness timeout the heartbeat is not yet stale, but the engine has taken
+    nothing in: the rows are written, not applied, and the answer says so."""
+    assert rig.push("before", exact_vector(H, seed=1)).json()["resident"]
+    rig.engine.paused.set()  # the engine stops: no beat, no ack from here on
+    answers = [rig.push("late", exact_vector(H, seed=2)).json()]
+    rig.engine.box.beat(at_ns=time.time_ns() - 2 * 10**9)  # silent for 2 s, under the 3 s timeout
+    answers.append(rig.push("later", exact_vector(H, seed=3)).json())
+    for info in answers:
+        assert (info["resident"], info["state"]) == (False, "queued"), info
+        assert "the engine has not taken it in" in info["reason"]
+        assert len(info["slots"]) == 1  # written into the table all the same
+    assert rig.catalog()["before"]["resident"]  # taken in before the engine stopped
+    rig.engine.paused.clear()
+    wait_until(lambda: rig.resident("late") and rig.resident("later"),
+               what="resident once the engine takes them in")

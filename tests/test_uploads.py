@@ -287,7 +287,7 @@ def _held_upload(http: httpx.Client, vector_id: str, release: threading.Event,
 
 
 def test_uploads_beyond_the_cap_wait_for_a_turn(rig):
-    gate: UploadGate = rig.server.server.config.app.state.services.uploads
+    gate: UploadGate = rig.services().uploads
     assert gate.limit == MAX_CONCURRENT_UPLOADS == 2
     results: dict[str, httpx.Response] = {}
     releases = {vector_id: threading.Event() for vector_id in ("held1", "held2")}

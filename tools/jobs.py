@@ -122,9 +122,7 @@ def main(job_path: str, out_path: str) -> None:
     counters, armed = {}, []
     box = os.environ.get("HOTWIRE_MAILBOX")
     if job.get("plugin", True) and box and os.path.exists(box):
-        from hotwire.shared.mailbox import MailboxView
-
-        from hotwire.engine_plugin.core_sync import HEARTBEAT_S
+        from hotwire.shared.mailbox import HEARTBEAT_S, MailboxView
 
         time.sleep(2 * HEARTBEAT_S)  # the heartbeat publishes steps and host time
         view = MailboxView.open(box)

@@ -25,7 +25,9 @@ refusals (:class:`ApiError`: tokens, bodies, request syntax) as raised. Codes in
        ``busy`` (uploads waited too long for their turn), ``catalog_lost`` (the SQLite file
        was removed or replaced), ``catalog_unavailable`` (PostgreSQL unreachable)
 507    ``no_space`` (nothing evictable), ``evict_timeout`` (evicted slots stayed busy),
-       ``disk_full`` (the catalog could not be written; nothing was changed)
+       ``storage_full`` (the catalog's storage took nothing in: a full disk, a quota, a file
+       size limit, a failing disk; nothing was changed; or another file could not be written
+       for want of space)
 =====  =========================================================================
 """
 
@@ -33,7 +35,6 @@ from __future__ import annotations
 
 import errno
 import logging
-import sqlite3
 
 from fastapi import FastAPI, Request, Response
 from fastapi.exceptions import RequestValidationError
@@ -45,10 +46,10 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from hotwire.shared.wire import VectorError
 
-from ..errors import Conflict, ControlError, NoRoom, NotFound, Unavailable
+from ..errors import Conflict, ControlError, NoRoom, NotFound, StorageFull, Unavailable
 
 log = logging.getLogger("hotwire.control_api")
-_SQLITE_FULL = 13  # sqlite3.SQLITE_FULL, named there from Python 3.11 on
+_NO_SPACE = (errno.ENOSPC, errno.EFBIG, errno.EDQUOT)  # a write the file system would not take
 
 
 class ErrorDetail(BaseModel):
@@ -61,7 +62,7 @@ class ErrorBody(BaseModel):
 
 
 STATUS: dict[type[ControlError], int] = {NotFound: 404, Conflict: 409, Unavailable: 503,
-                                         NoRoom: 507}
+                                         NoRoom: 507, StorageFull: 507}
 
 
 class ApiError(Exception):
@@ -140,9 +141,10 @@ def _method_not_allowed(request: Request) -> Response:
 class UnhandledErrors:
     """ASGI middleware: an exception no handler took still answers with the error body.
 
-    A full disk under the catalog is 507 ``disk_full`` (the write was rolled back); anything
-    else is 500 ``internal_error`` with its traceback logged. Once a response has started, the
-    exception goes on to the server, which closes the connection.
+    A file write the file system refused for want of space (``ENOSPC``, ``EFBIG``, ``EDQUOT``;
+    the catalog's own are :class:`~hotwire.control_api.errors.StorageFull` already) is 507
+    ``storage_full``; anything else is 500 ``internal_error`` with its traceback logged. Once a
+    response has started, the exception goes on to the server, which closes the connection.
     """
 
     def __init__(self, app: ASGIApp):
@@ -164,11 +166,14 @@ class UnhandledErrors:
         except Exception as exc:
             if started:
                 raise
-            if _disk_full(exc):
-                log.error("%s %s: the catalog's disk is full: %s", scope["method"], scope["path"], exc)
-                response = error_response(507, "disk_full", "the catalog could not be written: its "
-                                          "disk is full; nothing was changed. Free space in the "
-                                          "state directory and retry")
+            refused = _no_space(exc)
+            if refused is not None:
+                log.error("%s %s: a file could not be written: %s", scope["method"], scope["path"],
+                          refused)
+                where = f" {refused.filename}" if refused.filename else ""
+                response = error_response(507, "storage_full", f"a file{where} could not be "
+                                          f"written ({refused.strerror}); free space there (or "
+                                          "raise the limit) and retry")
             else:
                 log.exception("%s %s failed", scope["method"], scope["path"])
                 response = error_response(500, "internal_error", f"internal error "
@@ -177,19 +182,15 @@ class UnhandledErrors:
             await response(scope, receive, send)
 
 
-def _disk_full(exc: BaseException | None) -> bool:
-    """SQLite's SQLITE_FULL or ENOSPC, on ``exc`` or anything it was raised from."""
+def _no_space(exc: BaseException | None) -> OSError | None:
+    """The out-of-space ``OSError`` that is ``exc`` or that it was raised from, if any."""
     seen = set()
     while exc is not None and id(exc) not in seen:
         seen.add(id(exc))
-        if isinstance(exc, sqlite3.OperationalError) and (
-                getattr(exc, "sqlite_errorcode", None) == _SQLITE_FULL
-                or "database or disk is full" in str(exc)):
-            return True
-        if isinstance(exc, OSError) and exc.errno == errno.ENOSPC:
-            return True
+        if isinstance(exc, OSError) and exc.errno in _NO_SPACE:
+            return exc
         exc = exc.__cause__ or exc.__context__
-    return False
+    return None
 
 
 def describe_validation(errors: list[dict]) -> str:

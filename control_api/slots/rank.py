@@ -15,7 +15,7 @@ from __future__ import annotations
 import asyncio
 import time
 
-from hotwire.shared.mailbox import MailboxError
+from hotwire.shared.mailbox import QUIET_S, MailboxError
 from hotwire.shared.wire import VectorError
 
 from ..store.catalog import CatalogStore
@@ -89,9 +89,10 @@ class Rank:
         return None
 
     def residency(self, record: VectorRecord, view: EngineSnapshot | None) -> Residency:
-        """Resident once every row is in the table of an engine that beats; rows written into
-        the table of an engine whose heartbeat is stale are ``queued``: nothing applies them
-        until it beats again."""
+        """Resident once every row is in the table of an engine that beats and the engine has
+        taken each in (acked it): a request it admits from then on is steered by it. Rows the
+        engine has not taken in yet, or written into the table of an engine whose heartbeat is
+        stale, are ``queued``: nothing applies them until it beats again."""
         if view is None:
             return Residency("no_engine", self.link.problem, ())
         if not view.armed:
@@ -100,15 +101,20 @@ class Rank:
             layers = target_layers(record.shape, record.layers, view.fingerprint, view.armed)
         except VectorError as e:
             return Residency("incompatible", e.detail, ())
-        slots = tuple(sorted((u.slot, u.layer) for u in view.table.active.get(record.id, ())
-                             if u.generation == record.generation and u.layer in layers))
+        uses = [u for u in view.table.active.get(record.id, ())
+                if u.generation == record.generation and u.layer in layers]
+        slots = tuple(sorted((u.slot, u.layer) for u in uses))
         if record.id in self.problems:
             return Residency("incompatible", self.problems[record.id], slots)
         if view.heartbeat_age_s > self.heartbeat_timeout_s:
             return Residency("queued", f"engine heartbeat is {view.heartbeat_age_s:.0f}s old; the "
                              "vector will be applied when the engine beats again", slots)
         if {layer for _, layer in slots} >= set(layers):
-            return Residency("resident", None, slots)
+            if all(u.acked for u in uses):
+                return Residency("resident", None, slots)
+            return Residency("queued", "written, but the engine has not taken it in (its heartbeat "
+                             f"is {view.heartbeat_age_s:.1f}s old); it is applied when the engine "
+                             "reads its mailbox", slots)
         return Residency("not_resident", "waiting for free slots (evicted, or the table is full)",
                          slots)
 
@@ -144,10 +150,12 @@ class Rank:
         """Wait (until the monotonic ``deadline``) for the engine to take in generation ``target``:
         it reads its mailbox on a thread of its own, between steps (every
         ``engine_plugin.core_sync.POLL_S``), so once this
-        returns, every request it admits from then on sees the write. An engine that does not
-        beat is not waited for (its vectors read ``queued``)."""
+        returns, every request it admits from then on sees the write. An engine that has missed
+        its last beats (:data:`~hotwire.shared.mailbox.QUIET_S`: dead, or stopped) is not waited
+        for: what it did not take in reads ``queued``."""
         box = self.link.box
-        while box is not None and not box.replaced() and box.heartbeat_age_s() <= self.heartbeat_timeout_s:
+        quiet = min(QUIET_S, self.heartbeat_timeout_s)
+        while box is not None and not box.replaced() and box.heartbeat_age_s() <= quiet:
             if box.generations()[0] >= target or time.monotonic() >= deadline:
                 return
             await asyncio.sleep(APPLY_POLL_S)

@@ -6,7 +6,7 @@ import json
 from dataclasses import dataclass
 from typing import Any
 
-from ..errors import Conflict
+from ..errors import Conflict, StorageFull
 
 
 @dataclass(frozen=True)
@@ -61,6 +61,15 @@ class PresetExists(Conflict):
     def __init__(self, name: str):
         super().__init__("preset_exists", f"preset {name!r} exists; send replace=true to replace it")
         self.name = name
+
+
+class CatalogFull(StorageFull):
+    """A write the catalog's storage refused (``cause``: what the database said), rolled back."""
+
+    def __init__(self, where: str, cause: str):
+        super().__init__("storage_full", f"the catalog could not be written ({cause}): {where} "
+                         "is full, over a quota or a file size limit, or failing; nothing was "
+                         "changed. Free space there (or raise the limit) and retry")
 
 
 class StaleGeneration(ValueError):

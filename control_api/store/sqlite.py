@@ -7,7 +7,10 @@ registered again under an old id must never pass for the earlier one (invariant 
 
 Metadata of every vector is kept in memory (it is small and this process is the only writer);
 vector bytes are read from disk when a vector is pushed to an engine. Memory changes only after
-a transaction commits, so a failed write (a full disk) leaves memory and disk as they were.
+a transaction commits, so a failed write leaves memory and disk as they were; one that failed
+for want of storage (SQLite's ``SQLITE_FULL``, or ``SQLITE_IOERR``: a full disk, a quota, the
+file size limit of ``ulimit -f``, a failing disk) raises :class:`.records.CatalogFull`
+(``storage_full``).
 
 The database file is watched (invariant 7): when the path no longer names the file that was
 opened (the state directory removed, the file replaced), every later write would land in a file
@@ -38,7 +41,8 @@ import numpy as np
 from hotwire.shared.wire import decode_safetensors, encode_safetensors
 
 from ..errors import Unavailable
-from .records import PresetExists, PresetRecord, StaleGeneration, VectorExists, VectorRecord
+from .records import (CatalogFull, PresetExists, PresetRecord, StaleGeneration, VectorExists,
+                      VectorRecord)
 
 SCHEMA_VERSION = 1
 _SCHEMA = """
@@ -66,6 +70,8 @@ CREATE TABLE IF NOT EXISTS presets (
 );
 """
 _COLUMNS = "id, generation, dtype, shape, layers, pinned, metadata, created_at, updated_at"
+_SQLITE_IOERR, _SQLITE_FULL = 10, 13  # primary result codes (sqlite3 names them from Python 3.11)
+_STORAGE_MESSAGES = ("database or disk is full", "disk I/O error")  # their texts, before 3.11
 
 log = logging.getLogger("hotwire.control_api")
 
@@ -138,19 +144,27 @@ class Catalog:
         """One write transaction on a catalog that is still where it was opened.
 
         SQLite may roll a failed statement's transaction back by itself (a full disk does), so
-        the rollback here runs only when one is still open. Checked again after the commit:
-        a write that landed in a removed file is not reported as done.
+        the rollback here runs only when one is still open. A write the storage refused is
+        :class:`.records.CatalogFull`. Checked again after the commit: a write that landed in a
+        removed file is not reported as done.
         """
         with self._lock:
             self.require_writable()
-            self._db.execute("BEGIN IMMEDIATE")
             try:
-                yield self._db
-                self._db.execute("COMMIT")
-            except BaseException:
-                if self._db.in_transaction:
-                    self._db.execute("ROLLBACK")
-                raise
+                self._db.execute("BEGIN IMMEDIATE")
+                try:
+                    yield self._db
+                    self._db.execute("COMMIT")
+                except BaseException:
+                    if self._db.in_transaction:
+                        self._db.execute("ROLLBACK")
+                    raise
+            except sqlite3.OperationalError as e:
+                if not _storage_refused(e):
+                    raise
+                log.error("catalog %s: a write failed for want of storage (%s); rolled back",
+                          self.path, e)
+                raise CatalogFull(f"the state directory {self.path.parent}", str(e)) from e
             self.require_writable()
 
     def records(self) -> dict[str, VectorRecord]:
@@ -260,6 +274,15 @@ class Catalog:
     def close(self) -> None:
         with self._lock:
             self._db.close()
+
+
+def _storage_refused(error: sqlite3.OperationalError) -> bool:
+    """SQLite could not write its files: ``SQLITE_FULL`` or an ``SQLITE_IOERR`` (what a write
+    past ``ulimit -f`` gives: ``EFBIG``), extended codes included."""
+    code = getattr(error, "sqlite_errorcode", None)
+    if code is not None:
+        return code & 0xFF in (_SQLITE_FULL, _SQLITE_IOERR)
+    return any(text in str(error) for text in _STORAGE_MESSAGES)
 
 
 def _identity(path: Path) -> tuple[int, int]:

@@ -3,13 +3,19 @@
 It works on HTTP only, so it holds across vLLM versions: generation requests (``POST`` to the
 paths of :data:`.routes.GENERATE` whose routes take ``vllm_xargs``) are read whole, planned
 (:mod:`.plan`), refused or sent on rewritten, and their response carries the ``x-hotwire`` header
-from its first message (streams included); ``GET /v1/models`` gains the presets. It sits inside vLLM's own middleware (CORS, ``--api-key``): a request it sees is
-authenticated. Whatever fails inside hotwire, the request goes on as it came: hotwire never
-keeps vLLM from serving.
+from its first message (streams included); ``GET /v1/models`` gains the presets. It sits inside
+vLLM's own middleware (CORS, ``--api-key``): a request it sees is authenticated. Whatever fails
+inside hotwire, the request goes on as it came: hotwire never keeps vLLM from serving.
+
+With ``HOTWIRE_READ_TOKEN`` set, why a spec would run unsteered is told only to a caller that
+sends that token in the ``x-hotwire-token`` header (:data:`TOKEN_HEADER`; not ``Authorization``,
+which holds vLLM's ``--api-key`` and which OpenAI clients always send); the header goes no
+further than hotwire.
 """
 
 from __future__ import annotations
 
+import hmac
 import json
 import logging
 from typing import Any
@@ -26,7 +32,7 @@ from .settings import FrontendSettings
 from .verdict import HEADER
 
 log = logging.getLogger("vllm.hotwire")
-
+TOKEN_HEADER = b"x-hotwire-token"  # carries the read token: the caller may be told the reasons
 
 
 class HotwireMiddleware:
@@ -35,11 +41,14 @@ class HotwireMiddleware:
         self.app, self.paths = app, paths
         self.presets: PresetSource | None = None
         self.planner: Planner | None = None
+        self.read_token: bytes | None = None
         try:
             settings, cfg = FrontendSettings.from_env(), HotwireConfig.from_env()
         except ValueError:  # the engine cannot read them either, and serves unsteered
             log.exception("hotwire: bad settings; the API server passes requests on unchecked")
             return
+        if settings.read_token is not None:
+            self.read_token = settings.read_token.encode()
         if settings.control_url is not None:
             self.presets = PresetSource(settings.control_url, settings.read_token,
                                         settings.presets_ttl_s)
@@ -58,12 +67,14 @@ class HotwireMiddleware:
         await self.app(scope, receive, send)
 
     async def _generate(self, scope: Scope, receive: Receive, send: Send) -> None:
+        reader = self._reader(scope["headers"])
+        scope = {**scope, "headers": [(k, v) for k, v in scope["headers"] if k.lower() != TOKEN_HEADER]}
         body, more = await _read_body(receive)
         doc = _json_object(scope, body) if more is None else None
         plan = None
         if doc is not None:
             try:
-                plan = await self.planner.plan(doc, lambda: self._served(scope))
+                plan = await self.planner.plan(doc, lambda: self._served(scope), reader)
             except Exception:
                 log.exception("hotwire: could not plan a request; it goes on as sent")
         if plan is not None and plan.refusal is not None:
@@ -74,6 +85,13 @@ class HotwireMiddleware:
         if plan is not None and plan.verdict is not None:
             send = _with_header(send, plan.verdict.header)
         await self.app(scope, _replay(body, more, receive), send)
+
+    def _reader(self, headers: list[tuple[bytes, bytes]]) -> bool:
+        """May this request be told the reasons: no read token is configured, or it carries it."""
+        if self.read_token is None:
+            return True
+        given = [v for k, v in headers if k.lower() == TOKEN_HEADER]
+        return len(given) == 1 and hmac.compare_digest(given[0], self.read_token)
 
     async def _models(self, scope: Scope, receive: Receive, send: Send) -> None:
         start, body = await _capture(self.app, scope, receive)

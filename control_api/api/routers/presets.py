@@ -17,7 +17,7 @@ from ..http_errors import ApiError, describe_validation, responses
 from ..preset_entries import check_entries
 
 PATH = "/steer/presets"
-MAX_BODY_BYTES = 4 * MAX_SPEC_CHARS  # a preset's entries must fit in a spec text anyway
+MAX_BODY_BYTES = 4 * MAX_SPEC_CHARS  # room for a description and whitespace around the entries
 MAX_DESCRIPTION_CHARS = 1024
 router = APIRouter(prefix=PATH, tags=["presets"])
 PresetName = Annotated[str, Path(pattern=ID_PATTERN, description=f"preset name, matching "
@@ -30,9 +30,9 @@ class PresetIn(BaseModel):
     name: str = Field(description=f"preset name, matching {ID_PATTERN}",
                       json_schema_extra={"pattern": ID_PATTERN})
     entries: list[dict[str, Any]] = Field(
-        description=f"at most {MAX_ENTRIES} spec entries, as a request's `hotwire` spec holds "
-        "them (`id`, `layer` or `layers`, `scale`, `mode`, `positions`, ...); the vectors need "
-        "not be registered yet")
+        description=f"at most {MAX_ENTRIES} spec entries and {MAX_SPEC_CHARS} characters as "
+        "compact JSON (a spec's limits), as a request's `hotwire` spec holds them (`id`, `layer` "
+        "or `layers`, `scale`, `mode`, `positions`, ...); the vectors need not be registered yet")
     description: str | None = Field(None, max_length=MAX_DESCRIPTION_CHARS, pattern=r"^[^\x00]*$",
                                     description="free text, without NUL characters")
     replace: bool = Field(False, description="replace a preset of this name")
@@ -67,7 +67,8 @@ async def store_preset(request: Request, response: Response, svc: ServicesDep) -
     """Store a preset (201), or replace one with ``replace=true`` (200).
 
     JSON ``{name, entries, description?, replace?}``; entries are checked as the engine parses a
-    spec (422 ``bad_entries`` with the parser's reason) and may not name presets.
+    spec, within a spec's limits (422 ``bad_entries`` with the parser's reason), and may not name
+    presets.
     """
     preset = await _read_preset(request)
     if not valid_id(preset.name):
