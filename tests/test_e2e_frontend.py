@@ -33,7 +33,7 @@ import pytest
 from conftest import CPU_ENGINE, HIDDEN, requires_vllm
 from control_harness import json_body
 from hotwire.shared.wire import encode_safetensors
-from hotwire.engine_plugin.core_sync import HEARTBEAT_S
+from hotwire.shared.mailbox import HEARTBEAT_S
 from servers import ControlApi, VllmServer, free_port, logs_on_failure
 
 pytestmark = [requires_vllm, pytest.mark.vllm, pytest.mark.slow]

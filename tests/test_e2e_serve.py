@@ -35,9 +35,9 @@ import pytest
 
 from conftest import CPU_ENGINE, HIDDEN, LAYERS, requires_vllm
 from control_harness import json_body, safetensors_blob
-from hotwire.engine_plugin.core_sync import HEARTBEAT_S
-from hotwire.tools.verify import STABLE_INDUCTOR
+from hotwire.shared.mailbox import HEARTBEAT_S
 from hotwire.shared.wire import encode_safetensors
+from hotwire.tools.verify import STABLE_INDUCTOR
 from servers import ControlApi, VllmServer, logs_on_failure, wait_for
 
 pytestmark = [requires_vllm, pytest.mark.vllm, pytest.mark.slow]
