@@ -531,8 +531,8 @@ def test_eviction_spares_vectors_of_running_requests_and_their_tokens(small_rig,
         # Use ev-b after ev-a, so ev-a is the least recently used: only its in-flight
         # reference may keep it from being evicted.
         rig.complete(p2, spec("ev-b"), max_tokens=1)
-        b_slot = wait_for(lambda: (s := rig.active("ev-b")) and s[0]["inflight"] == 0 and s[0], 30,
-                          "the short ev-b request to release its slot")
+        b_slot = wait_for(lambda: (s := rig.active("ev-b")) and s[0]["inflight"] == 0 and s[0]["last_used"]
+                          and s[0], 30, "the short ev-b request's use and release to be published")
         assert _time(b_slot["last_used"]) > _time(a_slot["last_used"])
 
         info = _registered(rig.push_json("ev-c", vectors["ev-c"]))  # table full: evicts ev-b
