@@ -6,8 +6,9 @@ from datetime import datetime, timezone
 from typing import Annotated, Any
 
 from fastapi import APIRouter, Depends, Path, Request, Response
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
+from hotwire.shared.metadata import MAX_METADATA_DEPTH, metadata_problem
 from hotwire.shared.spec import ID_PATTERN, MAX_ENTRIES, MAX_SPEC_CHARS, valid_id
 
 from ...store.records import PresetRecord
@@ -35,7 +36,19 @@ class PresetIn(BaseModel):
         "or `layers`, `scale`, `mode`, `positions`, ...); the vectors need not be registered yet")
     description: str | None = Field(None, max_length=MAX_DESCRIPTION_CHARS, pattern=r"^[^\x00]*$",
                                     description="free text, without NUL characters")
+    metadata: dict[str, Any] = Field(
+        default_factory=dict, description="what made the preset (e.g. `hotwire vectors sweep`'s "
+        f"measurements): a JSON object, finite numbers only, nested at most {MAX_METADATA_DEPTH} "
+        "deep")
     replace: bool = Field(False, description="replace a preset of this name")
+
+    @field_validator("metadata")
+    @classmethod
+    def _plain_json(cls, value: dict[str, Any]) -> dict[str, Any]:
+        problem = metadata_problem(value)
+        if problem is not None:
+            raise ValueError(problem)
+        return value
 
 
 class PresetInfo(BaseModel):
@@ -43,6 +56,7 @@ class PresetInfo(BaseModel):
     entries: list[dict[str, Any]]
     description: str | None
     created_at: datetime
+    metadata: dict[str, Any]
 
 
 class PresetList(BaseModel):
@@ -56,7 +70,8 @@ OPENAPI_BODY = {"requestBody": {"required": True, "content": {
 def preset_info(record: PresetRecord) -> PresetInfo:
     return PresetInfo(name=record.name, entries=list(record.entries),
                       description=record.description,
-                      created_at=datetime.fromtimestamp(record.created_at, timezone.utc))
+                      created_at=datetime.fromtimestamp(record.created_at, timezone.utc),
+                      metadata=record.metadata)
 
 
 @router.post("", status_code=201, response_model=PresetInfo, openapi_extra=OPENAPI_BODY,
@@ -66,9 +81,9 @@ def preset_info(record: PresetRecord) -> PresetInfo:
 async def store_preset(request: Request, response: Response, svc: ServicesDep) -> PresetInfo:
     """Store a preset (201), or replace one with ``replace=true`` (200).
 
-    JSON ``{name, entries, description?, replace?}``; entries are checked as the engine parses a
-    spec, within a spec's limits (422 ``bad_entries`` with the parser's reason), and may not name
-    presets.
+    JSON ``{name, entries, description?, metadata?, replace?}``; entries are checked as the
+    engine parses a spec, within a spec's limits (422 ``bad_entries`` with the parser's reason),
+    and may not name presets.
     """
     preset = await _read_preset(request)
     if not valid_id(preset.name):
@@ -76,7 +91,7 @@ async def store_preset(request: Request, response: Response, svc: ServicesDep) -
     entries = check_entries(preset.entries)
     svc.catalog.require_writable()
     record, created = svc.catalog.put_preset(preset.name, entries, preset.description,
-                                             replace=preset.replace)
+                                             replace=preset.replace, metadata=preset.metadata)
     if not created:
         response.status_code = 200
     return preset_info(record)
