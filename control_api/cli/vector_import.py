@@ -1,8 +1,9 @@
 """``hotwire vectors import PATH``: vectors in the formats people already have, through the API.
 
 Reads ``PATH`` with :mod:`hotwire.shared.importers` (a brainscope export, a hidden-directions
-dictionary, a GGUF control vector, a directory of vector files), then uploads every vector (with
-its source's metadata) and stores the preset each source implies, named after its vector. All
+dictionary, a GGUF control vector, a directory of vector files, the features ``--features`` picks
+of an SAE: SAELens, Gemma Scope, Neuronpedia records), then uploads every vector (with its
+source's metadata) and stores the preset each source implies, named after its vector. All
 of ``PATH`` is read and checked before anything is sent, as the control API would check it: a
 bad item (a file, its manifest entry, its metadata) is named and skipped whole, vector and
 preset, and the others are imported (exit 7 once they are); a source that cannot be read at
@@ -23,12 +24,22 @@ from .client import ControlApiError, ControlClient, add_client_options, client_c
 def configure(actions: argparse._SubParsersAction) -> None:
     sub = actions.add_parser(
         "import", help="import vectors and their presets: a brainscope export, a "
-                       "hidden-directions dictionary, a GGUF control vector or vector files",
+                       "hidden-directions dictionary, a GGUF control vector, vector files, or "
+                       "SAE features (SAELens, Gemma Scope, Neuronpedia)",
         description="Upload every vector at PATH and store the presets its format implies (a "
                     "brainscope passport, a hidden-directions recommended layer, a GGUF's "
-                    "layers), each named after its vector. Layer numbers are mapped to vLLM's "
-                    "0-based decoder layers (see hotwire.shared.importers).")
-    sub.add_argument("path", type=Path, help="a directory or a .gguf file")
+                    "layers, a Neuronpedia default strength), each named after its vector. "
+                    "Layer numbers and SAE hook points are mapped to vLLM's 0-based decoder "
+                    "layers (see hotwire.shared.importers).")
+    sub.add_argument("path", type=Path, help="a directory, a .gguf file, a Gemma Scope .npz, or "
+                                             "Neuronpedia .json/.jsonl[.gz] records")
+    sub.add_argument("--features", type=parse_features, metavar="I,J,...",
+                     help="SAE features to import by index, e.g. 1234,5678 or 10-12; each "
+                          "becomes vector <sae>.<index> (an SAE needs it; Neuronpedia records "
+                          "are picked by index)")
+    sub.add_argument("--sae-name", type=parse_sae_name,
+                     help="the <sae> of the feature ids (default: the SAE's folder name, a "
+                          "record's source)")
     sub.add_argument("--id-prefix", default="",
                      help="put before every vector id and preset name, e.g. qwen3-4b.")
     sub.add_argument("--model-layers", type=int, metavar="N",
@@ -40,11 +51,38 @@ def configure(actions: argparse._SubParsersAction) -> None:
     sub.set_defaults(run=_import)
 
 
-def read_source(path: Path, n_layers: int | None, id_prefix: str) -> ImportResult:
+MAX_FEATURES = 4096  # an import of more features than an engine has slots is a typo
+
+
+def parse_features(text: str) -> list[int]:
+    """``--features``: ``"1234,5678"``, ``"10-12"``; at most :data:`MAX_FEATURES`, counted
+    before a range is expanded."""
+    spans = []
+    for part in filter(None, (p.strip() for p in text.split(","))):
+        lo, dash, hi = part.partition("-")
+        if not lo.isdigit() or (dash and not hi.isdigit()) or int(hi or lo) < int(lo):
+            raise argparse.ArgumentTypeError(f"{text!r}: expected feature indices like "
+                                             "1234,5678 or 10-12")
+        spans.append(range(int(lo), int(hi or lo) + 1))
+    if not spans or sum(map(len, spans)) > MAX_FEATURES:
+        raise argparse.ArgumentTypeError(f"{text!r}: name 1 to {MAX_FEATURES} features")
+    return [feature for span in spans for feature in span]
+
+
+def parse_sae_name(text: str) -> str:
+    """``--sae-name``: what a vector id may hold (``[A-Za-z0-9._-]``)."""
+    if not text or not all(c.isascii() and (c.isalnum() or c in "._-") for c in text):
+        raise argparse.ArgumentTypeError(f"{text!r}: use letters, digits, '.', '_' and '-'")
+    return text
+
+
+def read_source(path: Path, n_layers: int | None, id_prefix: str,
+                features: list[int] | None = None, sae_name: str | None = None) -> ImportResult:
     """Every good item at ``path``, and the bad ones' problems; ``file_error`` when none is
     good (listing every problem)."""
     try:
-        result = import_path(path, n_layers=n_layers, id_prefix=id_prefix)
+        result = import_path(path, n_layers=n_layers, id_prefix=id_prefix, features=features,
+                             sae_name=sae_name)
     except VectorImportError as e:
         raise ControlApiError(0, "file_error", str(e)) from None
     if not result.vectors and result.problems:
@@ -73,7 +111,7 @@ def engine_layers(client: ControlClient) -> int | None:
 @client_command
 def _import(client: ControlClient, args: argparse.Namespace) -> None:
     n_layers = args.model_layers if args.model_layers is not None else engine_layers(client)
-    result = read_source(args.path, n_layers, args.id_prefix)
+    result = read_source(args.path, n_layers, args.id_prefix, args.features, args.sae_name)
     pinned = {v["id"]: v["pinned"] for v in client.vectors()} if args.replace else {}
     for vector in result.vectors:
         info = client.push_array(vector.id, vector.tensor, layers=vector.layers,
