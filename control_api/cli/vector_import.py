@@ -18,6 +18,7 @@ from pathlib import Path
 
 from hotwire.shared.importers import ImportResult, VectorImportError, import_path
 
+from .arguments import parse_features, parse_name
 from .client import ControlApiError, ControlClient, add_client_options, client_command
 
 
@@ -37,7 +38,7 @@ def configure(actions: argparse._SubParsersAction) -> None:
                      help="SAE features to import by index, e.g. 1234,5678 or 10-12; each "
                           "becomes vector <sae>.<index> (an SAE needs it; Neuronpedia records "
                           "are picked by index)")
-    sub.add_argument("--sae-name", type=parse_sae_name,
+    sub.add_argument("--sae-name", type=parse_name,
                      help="the <sae> of the feature ids (default: the SAE's folder name, a "
                           "record's source)")
     sub.add_argument("--id-prefix", default="",
@@ -49,31 +50,6 @@ def configure(actions: argparse._SubParsersAction) -> None:
                      help="replace vectors (their pins are kept) and presets that exist")
     add_client_options(sub)
     sub.set_defaults(run=_import)
-
-
-MAX_FEATURES = 4096  # an import of more features than an engine has slots is a typo
-
-
-def parse_features(text: str) -> list[int]:
-    """``--features``: ``"1234,5678"``, ``"10-12"``; at most :data:`MAX_FEATURES`, counted
-    before a range is expanded."""
-    spans = []
-    for part in filter(None, (p.strip() for p in text.split(","))):
-        lo, dash, hi = part.partition("-")
-        if not lo.isdigit() or (dash and not hi.isdigit()) or int(hi or lo) < int(lo):
-            raise argparse.ArgumentTypeError(f"{text!r}: expected feature indices like "
-                                             "1234,5678 or 10-12")
-        spans.append(range(int(lo), int(hi or lo) + 1))
-    if not spans or sum(map(len, spans)) > MAX_FEATURES:
-        raise argparse.ArgumentTypeError(f"{text!r}: name 1 to {MAX_FEATURES} features")
-    return [feature for span in spans for feature in span]
-
-
-def parse_sae_name(text: str) -> str:
-    """``--sae-name``: what a vector id may hold (``[A-Za-z0-9._-]``)."""
-    if not text or not all(c.isascii() and (c.isalnum() or c in "._-") for c in text):
-        raise argparse.ArgumentTypeError(f"{text!r}: use letters, digits, '.', '_' and '-'")
-    return text
 
 
 def read_source(path: Path, n_layers: int | None, id_prefix: str,
