@@ -30,13 +30,10 @@ from hotwire.shared.spec import parse_spec
 
 from conftest import HIDDEN, LAYERS
 from control_harness import FP, TOKEN, Rig, exact_vector
+from test_importers import (_add_before_next, _layer_outputs, _logits, _received,  # noqa: F401
+                            hf, rand)  # hf: the fixture
 
-PROMPT = [[3, 17, 42, 99, 7, 250, 11]]
 D_SAE = 12
-
-
-def rand(*shape: int, seed: int) -> np.ndarray:
-    return np.random.default_rng(seed).standard_normal(shape).astype(np.float32)
 
 
 # Writers -----------------------------------------------------------------------------------
@@ -189,58 +186,21 @@ def test_neuronpedia_records_bring_their_label_and_default_strength(tmp_path):
 # Layers against a transformers forward -----------------------------------------------------
 
 
-@pytest.fixture(scope="module")
-def hf(tiny_model):
-    from transformers import AutoModelForCausalLM
-
-    return AutoModelForCausalLM.from_pretrained(str(tiny_model), dtype=torch.float32).eval()
-
-
-def _streams(model) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
-    """What each decoder layer receives and what it outputs (forward pre-hooks and hooks on
-    ``model.model.layers``), for :data:`PROMPT`."""
-    received: dict[int, torch.Tensor] = {}
-    output: dict[int, torch.Tensor] = {}
-    handles = []
-    for i, layer in enumerate(model.model.layers):
-        handles.append(layer.register_forward_pre_hook(
-            lambda m, args, i=i: received.__setitem__(i, args[0][0].clone())))
-        handles.append(layer.register_forward_hook(
-            lambda m, args, out, i=i: output.__setitem__(i, out[0].clone())))
-    try:
-        with torch.no_grad():
-            model(torch.tensor(PROMPT))
-    finally:
-        for h in handles:
-            h.remove()
-    return [received[i] for i in range(LAYERS)], [output[i] for i in range(LAYERS)]
-
-
 @pytest.mark.parametrize("block, side", [(2, "post"), (2, "pre"), (1, "pre"), (3, "post")])
 def test_the_imported_layer_outputs_the_stream_the_hook_point_reads(hf, tmp_path, block, side):
     """A decoder row that is the stream at ``blocks.<block>.hook_resid_<side>`` (what block
     ``block`` receives, or outputs), at the prompt's last token, imports as a vector whose
     layer outputs exactly that stream there, and no other layer does."""
-    received, output = _streams(hf)
-    stream = (received if side == "pre" else output)[block][-1].numpy()
+    received = [r[0, -1].numpy() for r in _received(hf)]  # what layer k receives
+    output = [o[0, -1].numpy() for o in _layer_outputs(hf)[1]]  # what layer k outputs
+    stream = (received if side == "pre" else output)[block]
     w_dec = rand(D_SAE, HIDDEN, seed=5)
     w_dec[6] = stream
     root = write_sae_lens(tmp_path / "sae", w_dec, f"blocks.{block}.hook_resid_{side}")
     [v] = only(import_path(root, n_layers=LAYERS, features=[6])).values()
     layer = v.metadata["layer"]
-    np.testing.assert_array_equal(output[layer][-1].numpy(), v.tensor)
-    assert all(not np.array_equal(output[other][-1].numpy(), v.tensor)
-               for other in range(LAYERS) if other != layer)
-
-
-def _logits(model, hooks) -> torch.Tensor:
-    handles = [make() for make in hooks]
-    try:
-        with torch.no_grad():
-            return model(torch.tensor(PROMPT)).logits[0].double()
-    finally:
-        for h in handles:
-            h.remove()
+    np.testing.assert_array_equal(output[layer], v.tensor)
+    assert all(not np.array_equal(output[other], v.tensor) for other in range(LAYERS) if other != layer)
 
 
 def _add_to_input(model, block: int, value: torch.Tensor):
@@ -251,14 +211,10 @@ def _add_to_input(model, block: int, value: torch.Tensor):
 
 
 def _hotwire(model, vector, shift: int = 0) -> list:
-    """The imported preset as hotwire applies it: ``scale * v`` added to the output of its layer."""
-    hooks = []
-    for entry in parse_spec(list(vector.preset.entries)):
-        value = entry.scale * torch.from_numpy(vector.tensor)
-        hooks.append(lambda layer=entry.layer + shift, value=value: model.model.layers[layer]
-                     .register_forward_hook(lambda m, a, out: (out[0] + value, *out[1:])
-                                            if isinstance(out, tuple) else out + value))
-    return hooks
+    """The imported preset as hotwire applies it (``shift``: one layer off)."""
+    [entry] = parse_spec(list(vector.preset.entries))
+    value = entry.scale * torch.from_numpy(vector.tensor)
+    return [lambda: _add_before_next(model, entry.layer + shift, value)]
 
 
 def test_a_neuronpedia_preset_steers_where_neuronpedia_does(hf, tmp_path):

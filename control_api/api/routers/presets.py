@@ -6,9 +6,9 @@ from datetime import datetime, timezone
 from typing import Annotated, Any
 
 from fastapi import APIRouter, Depends, Path, Request, Response
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-from hotwire.shared.metadata import MAX_METADATA_DEPTH, metadata_problem
+from hotwire.shared.metadata import MAX_METADATA_DEPTH, Metadata
 from hotwire.shared.spec import ID_PATTERN, MAX_ENTRIES, MAX_SPEC_CHARS, valid_id
 
 from ...store.records import PresetRecord
@@ -36,19 +36,11 @@ class PresetIn(BaseModel):
         "or `layers`, `scale`, `mode`, `positions`, ...); the vectors need not be registered yet")
     description: str | None = Field(None, max_length=MAX_DESCRIPTION_CHARS, pattern=r"^[^\x00]*$",
                                     description="free text, without NUL characters")
-    metadata: dict[str, Any] = Field(
+    metadata: Metadata = Field(
         default_factory=dict, description="what made the preset (e.g. `hotwire vectors sweep`'s "
         f"measurements): a JSON object, finite numbers only, nested at most {MAX_METADATA_DEPTH} "
         "deep")
     replace: bool = Field(False, description="replace a preset of this name")
-
-    @field_validator("metadata")
-    @classmethod
-    def _plain_json(cls, value: dict[str, Any]) -> dict[str, Any]:
-        problem = metadata_problem(value)
-        if problem is not None:
-            raise ValueError(problem)
-        return value
 
 
 class PresetInfo(BaseModel):
