@@ -14,12 +14,16 @@ import argparse
 import asyncio
 import json
 import os
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from .arguments import parse_layers, parse_name, parse_scale
 from .client import ControlApiError, ControlClient, add_client_options, client_command
 from .tables import format_table
+
+if TYPE_CHECKING:  # imported when the command runs: the other commands stay light
+    from hotwire.tools.sweep import Recommendation, SweepReport, Target
 
 DEFAULT_SERVER = "http://127.0.0.1:8000"
 KL_BUDGET = 0.2  # nats per token on the neutral text; see README, "Choosing a scale"
@@ -139,7 +143,8 @@ def _sweep(client: ControlClient, args: argparse.Namespace) -> None:
         print(f"stored preset {info['name']}: {info['description']}")
 
 
-def _target(client: ControlClient, args: argparse.Namespace) -> tuple[Any, list, dict]:
+def _target(client: ControlClient, args: argparse.Namespace
+            ) -> tuple[Target, list[int | None], dict[str, Any]]:
     """What to sweep, at which layers, and its catalog record (for the preset's metadata)."""
     from hotwire.tools.sweep import PresetTarget, VectorTarget
 
@@ -199,8 +204,8 @@ def _questions(path: Path) -> list[tuple[str, str]]:
     return questions
 
 
-async def _measure(args: argparse.Namespace, target: Any, layers: list, inputs: dict[str, Any],
-                   progress) -> Any:
+async def _measure(args: argparse.Namespace, target: Target, layers: list[int | None],
+                   inputs: dict[str, Any], progress: Callable[[str], None]) -> SweepReport:
     from hotwire.tools import sweep
     from hotwire.tools.served_model import ServedModel, ServedModelError
     from hotwire.tools.sweep_measures import ScorerError
@@ -231,7 +236,7 @@ async def _measure(args: argparse.Namespace, target: Any, layers: list, inputs: 
         raise ControlApiError(0, "bad_usage", str(e)) from None
 
 
-def _plot(report: Any, path: Path) -> None:
+def _plot(report: SweepReport, path: Path) -> None:
     from hotwire.tools.sweep_plot import PlotUnavailable, plot
 
     try:
@@ -240,18 +245,19 @@ def _plot(report: Any, path: Path) -> None:
         print(str(e))
 
 
-def _described(rec: Any) -> str:
+def _described(rec: Recommendation) -> str:
     where = "" if rec.layer is None else f" at layer {rec.layer}"
     return (f"scale {rec.scale:g}{where}: effect {rec.effect:.4g}, KL {rec.kl:.4g}, perplexity "
             f"{rec.perplexity:.4g}")
 
 
-def _description(report: Any) -> str:
+def _description(report: SweepReport) -> str:
     return (f"calibrated by hotwire vectors sweep on {report.model}: "
             f"{_described(report.recommendation)} (KL budget {report.kl_budget:g})")
 
 
-def _passport(report: Any, entries: list[dict[str, Any]], source: dict[str, Any]) -> dict:
+def _passport(report: SweepReport, entries: list[dict[str, Any]],
+              source: dict[str, Any]) -> dict[str, Any]:
     """The preset's metadata: what was calibrated, on which model, in which regime, measured how."""
     rec = report.recommendation
     return {"calibrated_by": "hotwire vectors sweep", "measured_at": report.measured_at,
