@@ -125,6 +125,8 @@ BAD_BODIES = {  # body -> (status, code, a piece of the message)
                                "invalid_request", "metadata"),
     "metadata too deep": ({"name": "p", "entries": CALM, "metadata": _deep(40)}, 422,
                           "invalid_request", "nests deeper than 32"),
+    "metadata too large": ({"name": "p", "entries": CALM, "metadata": {"x": "a" * 70_000}}, 422,
+                           "invalid_request", "at most 65536"),
 }
 
 
@@ -138,7 +140,7 @@ def test_bad_presets_are_refused_with_a_reason_and_nothing_is_stored(rig, case):
 def test_bodies_that_are_not_json_or_too_large_are_refused(rig):
     r = rig.http.post("/steer/presets", content=b"name=p", headers={"content-type": "text/plain"})
     error_of(r, 415, "unsupported_media_type")
-    huge = {"name": "p", "entries": CALM, "description": "x" * 100_000}
+    huge = {"name": "p", "entries": CALM, "description": "x" * 200_000}
     error_of(rig.http.post("/steer/presets", json=huge), 413, "too_large")
     json_type = {"content-type": "application/json"}
     error_of(rig.http.post("/steer/presets", content=b"{not json", headers=json_type), 422,

@@ -2,11 +2,12 @@
 
 from __future__ import annotations
 
+import json
 from datetime import datetime, timezone
 from typing import Annotated, Any
 
 from fastapi import APIRouter, Depends, Path, Request, Response
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
 from hotwire.shared.metadata import MAX_METADATA_DEPTH, Metadata
 from hotwire.shared.spec import ID_PATTERN, MAX_ENTRIES, MAX_SPEC_CHARS, valid_id
@@ -18,7 +19,9 @@ from ..http_errors import ApiError, describe_validation, responses
 from ..preset_entries import check_entries
 
 PATH = "/steer/presets"
-MAX_BODY_BYTES = 4 * MAX_SPEC_CHARS  # room for a description and whitespace around the entries
+MAX_METADATA_CHARS = 64 * 1024  # a calibration sweep's points fit many times over
+# room for a description, whitespace around the entries, and the metadata
+MAX_BODY_BYTES = 4 * MAX_SPEC_CHARS + MAX_METADATA_CHARS
 MAX_DESCRIPTION_CHARS = 1024
 router = APIRouter(prefix=PATH, tags=["presets"])
 PresetName = Annotated[str, Path(pattern=ID_PATTERN, description=f"preset name, matching "
@@ -39,8 +42,17 @@ class PresetIn(BaseModel):
     metadata: Metadata = Field(
         default_factory=dict, description="what made the preset (e.g. `hotwire vectors sweep`'s "
         f"measurements): a JSON object, finite numbers only, nested at most {MAX_METADATA_DEPTH} "
-        "deep")
+        f"deep, at most {MAX_METADATA_CHARS} characters as compact JSON")
     replace: bool = Field(False, description="replace a preset of this name")
+
+    @field_validator("metadata")
+    @classmethod
+    def _bounded(cls, value: dict[str, Any]) -> dict[str, Any]:
+        chars = len(json.dumps(value, separators=(",", ":")))
+        if chars > MAX_METADATA_CHARS:
+            raise ValueError(f"metadata is {chars} characters as compact JSON; at most "
+                             f"{MAX_METADATA_CHARS}")
+        return value
 
 
 class PresetInfo(BaseModel):
