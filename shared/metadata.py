@@ -7,7 +7,9 @@ about its vectors), so an import checks before sending what the control API woul
 from __future__ import annotations
 
 import math
-from typing import Any
+from typing import Annotated, Any
+
+from pydantic import AfterValidator
 
 MAX_METADATA_DEPTH = 32  # nesting of metadata objects and lists
 
@@ -26,3 +28,15 @@ def metadata_problem(value: Any) -> str | None:
             children = item.values() if isinstance(item, dict) else item
             pending.extend((child, depth + 1) for child in children)
     return None
+
+
+def checked_metadata(value: dict[str, Any]) -> dict[str, Any]:
+    """``value``, or :class:`ValueError` with :func:`metadata_problem`'s reason."""
+    problem = metadata_problem(value)
+    if problem is not None:
+        raise ValueError(problem)
+    return value
+
+
+# A request model's metadata field: a JSON object that reads back as it was written.
+Metadata = Annotated[dict[str, Any], AfterValidator(checked_metadata)]

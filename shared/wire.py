@@ -23,7 +23,7 @@ _DTYPES = {
     "bfloat16": "BF16", "bf16": "BF16", "BF16": "BF16",
     "float64": "F64", "fp64": "F64", "F64": "F64",
 }
-_ITEMSIZE = {"F32": 4, "F16": 2, "BF16": 2, "F64": 8}
+ITEMSIZE = {"F32": 4, "F16": 2, "BF16": 2, "F64": 8}
 DTYPE_NAMES = {"F32": "float32", "F16": "float16", "BF16": "bfloat16", "F64": "float64"}
 # base64 is decoded this many characters at a time: one call on 64 MiB holds the GIL ~0.3 s.
 _B64_CHUNK = 2**20
@@ -61,9 +61,11 @@ def dtype_code(name: str) -> str:
                           f"(use one of float32, float16, bfloat16, float64)") from None
 
 
-def _from_bytes(buf: bytes | bytearray, code: str, shape: tuple[int, ...]) -> np.ndarray:
+def from_bytes(buf: bytes | bytearray, code: str, shape: tuple[int, ...]) -> np.ndarray:
+    """Little-endian values of safetensors type ``code`` (``F32``, ``BF16``...), as float32 of
+    ``shape``; :class:`VectorError` when the byte count does not match."""
     n = math.prod(shape)  # exact: numpy's product wraps around (2**32 * 2**32 == 0)
-    if len(buf) != n * _ITEMSIZE[code]:
+    if len(buf) != n * ITEMSIZE[code]:
         raise VectorError("bad_shape", f"{len(buf)} bytes do not hold shape {list(shape)} of {code}")
     if code == "BF16":  # bfloat16 is the top half of a float32
         bits = np.frombuffer(buf, dtype="<u2").astype(np.uint32) << 16
@@ -82,7 +84,7 @@ def decode_base64(data: str, dtype: str, shape: list[int]) -> np.ndarray:
         buf = _b64decode(data)
     except (binascii.Error, ValueError) as e:
         raise VectorError("bad_encoding", f"data is not valid base64: {e}") from None
-    return _from_bytes(buf, code, tuple(int(d) for d in shape))
+    return from_bytes(buf, code, tuple(int(d) for d in shape))
 
 
 def _b64decode(data: str) -> bytes:
@@ -117,9 +119,9 @@ def read_safetensors(blob: bytes, key: str | None = None) -> tuple[np.ndarray, s
     if key not in tensors:
         raise VectorError("bad_shape", f"no tensor {key!r} in file (has {sorted(tensors)})")
     t = tensors[key]
-    if t["dtype"] not in _ITEMSIZE:
+    if t["dtype"] not in ITEMSIZE:
         raise VectorError("bad_dtype", f"tensor dtype {t['dtype']} is not a float type")
-    return _from_bytes(t["data"], t["dtype"], tuple(t["shape"])), DTYPE_NAMES[t["dtype"]]
+    return from_bytes(t["data"], t["dtype"], tuple(t["shape"])), DTYPE_NAMES[t["dtype"]]
 
 
 def encode_safetensors(vector: np.ndarray, key: str = "vector") -> bytes:

@@ -31,7 +31,9 @@ from pg_cluster import PgCluster, why_unavailable
 H = FP.hidden
 CALM = [{"id": "calm", "layer": 2, "scale": 1.5, "decode_only": True},
         {"id": "refusal", "layers": "all", "mode": "ablate"}]
-FIELDS = {"name", "entries", "description", "created_at"}
+FIELDS = {"name", "entries", "description", "created_at", "metadata"}
+SWEPT = {"calibrated_by": "hotwire vectors sweep", "model": "tiny", "kl_budget": 0.25,
+         "grid": [{"layer": 2, "scale": 1.5, "kl": 0.01, "effect": -3.5}]}
 READ_TOKEN = "r3ad-only"
 
 
@@ -61,6 +63,7 @@ def test_store_list_show_replace_delete(rig):
     info = r.json()
     assert set(info) == FIELDS
     assert info["entries"] == CALM and info["description"] == "calm, and no refusals"
+    assert info["metadata"] == {}
     created = datetime.fromisoformat(info["created_at"])
     assert created.tzinfo is not None
 
@@ -73,9 +76,10 @@ def test_store_list_show_replace_delete(rig):
     assert "replace=true" in message
     assert presets_of(rig.http)["calm"]["entries"] == CALM
 
-    r = store(rig.http, "calm", CALM[:1], replace=True)
+    r = store(rig.http, "calm", CALM[:1], replace=True, metadata=SWEPT)
     assert r.status_code == 200, r.text
     assert r.json()["entries"] == CALM[:1] and r.json()["description"] is None
+    assert r.json()["metadata"] == SWEPT == rig.http.get("/steer/presets/calm").json()["metadata"]
     assert store(rig.http, "bright", [{"id": "sun", "layer": 0}]).status_code == 201
     assert list(presets_of(rig.http)) == ["bright", "calm"]
 
@@ -83,6 +87,13 @@ def test_store_list_show_replace_delete(rig):
     error_of(rig.http.get("/steer/presets/calm"), 404, "unknown_preset")
     error_of(rig.http.delete("/steer/presets/calm"), 404, "unknown_preset")
     assert list(presets_of(rig.http)) == ["bright"]
+
+
+def _deep(levels: int) -> dict:
+    value: dict = {}
+    for _ in range(levels):
+        value = {"a": value}
+    return value
 
 
 BAD_BODIES = {  # body -> (status, code, a piece of the message)
@@ -110,6 +121,12 @@ BAD_BODIES = {  # body -> (status, code, a piece of the message)
                          "invalid_request", "description"),
     "NUL in the description": ({"name": "p", "entries": CALM, "description": "a\x00b"}, 422,
                                "invalid_request", "description"),
+    "metadata not an object": ({"name": "p", "entries": CALM, "metadata": [1]}, 422,
+                               "invalid_request", "metadata"),
+    "metadata too deep": ({"name": "p", "entries": CALM, "metadata": _deep(40)}, 422,
+                          "invalid_request", "nests deeper than 32"),
+    "metadata too large": ({"name": "p", "entries": CALM, "metadata": {"x": "a" * 70_000}}, 422,
+                           "invalid_request", "at most 65536"),
 }
 
 
@@ -123,7 +140,7 @@ def test_bad_presets_are_refused_with_a_reason_and_nothing_is_stored(rig, case):
 def test_bodies_that_are_not_json_or_too_large_are_refused(rig):
     r = rig.http.post("/steer/presets", content=b"name=p", headers={"content-type": "text/plain"})
     error_of(r, 415, "unsupported_media_type")
-    huge = {"name": "p", "entries": CALM, "description": "x" * 100_000}
+    huge = {"name": "p", "entries": CALM, "description": "x" * 200_000}
     error_of(rig.http.post("/steer/presets", json=huge), 413, "too_large")
     json_type = {"content-type": "application/json"}
     error_of(rig.http.post("/steer/presets", content=b"{not json", headers=json_type), 422,
@@ -158,11 +175,11 @@ def test_writes_need_the_write_token_and_reads_the_read_token(tmp_path):
 
 
 def test_presets_survive_a_restart_and_a_lost_catalog_refuses_writes(rig):
-    assert store(rig.http, "calm", CALM).status_code == 201
+    assert store(rig.http, "calm", CALM, metadata=SWEPT).status_code == 201
     before = presets_of(rig.http)
     rig.stop_api()
     rig.start_api()
-    assert presets_of(rig.http) == before
+    assert presets_of(rig.http) == before and before["calm"]["metadata"] == SWEPT
     rig.settings.catalog_path.rename(rig.settings.catalog_path.with_suffix(".moved"))
     error_of(store(rig.http, "other", CALM), 503, "catalog_lost")
     error_of(rig.http.delete("/steer/presets/calm"), 503, "catalog_lost")
@@ -217,6 +234,33 @@ def test_a_sqlite_catalog_from_before_presets_keeps_its_vectors_and_gains_preset
     Catalog(path).close()  # and it opens again as it is
 
 
+PRESETS_V1 = """
+CREATE TABLE presets (name TEXT PRIMARY KEY, entries TEXT NOT NULL, description TEXT,
+    created_at REAL NOT NULL);
+"""
+
+
+def test_a_sqlite_catalog_from_before_preset_metadata_gains_the_column(tmp_path):
+    """Presets stored before they had metadata read back with ``{}``; new ones keep theirs."""
+    path = tmp_path / "catalog.sqlite3"
+    db = sqlite3.connect(path)
+    db.executescript(V1_SCHEMA + PRESETS_V1)
+    db.execute("INSERT INTO presets VALUES (?, ?, ?, ?)", ("old", json.dumps(CALM), "before", 5.0))
+    db.commit()
+    db.close()
+    catalog = Catalog(path)
+    try:
+        assert catalog.preset("old").metadata == {} and catalog.preset("old").entries == tuple(CALM)
+        catalog.put_preset("new", tuple(CALM), None, replace=False, metadata=SWEPT)
+    finally:
+        catalog.close()
+    catalog = Catalog(path)
+    try:
+        assert catalog.preset("new").metadata == SWEPT and catalog.preset("old").metadata == {}
+    finally:
+        catalog.close()
+
+
 # CLI -------------------------------------------------------------------------------------
 
 
@@ -258,6 +302,18 @@ def test_cli_add_list_show_rm(rig, capsys, tmp_path):
     status, out, _ = cli(capsys, url, "presets", "rm", "calm2")
     assert (status, out.strip()) == (EXIT_OK, "removed preset calm2")
     assert list(presets_of(rig.http)) == ["calm", "sun"]
+
+
+def test_cli_show_then_add_from_the_file_keeps_the_metadata(rig, capsys, tmp_path):
+    assert store(rig.http, "swept", CALM, description="calibrated", metadata=SWEPT).status_code == 201
+    status, out, _ = cli(capsys, rig.server.url, "presets", "show", "swept")
+    assert status == EXIT_OK and json.loads(out)["metadata"] == SWEPT
+    (tmp_path / "swept.json").write_text(out)
+    status, _, err = cli(capsys, rig.server.url, "presets", "add", "copy", "--file",
+                         str(tmp_path / "swept.json"))
+    assert status == EXIT_OK, err
+    copy = presets_of(rig.http)["copy"]
+    assert (copy["entries"], copy["description"], copy["metadata"]) == (CALM, "calibrated", SWEPT)
 
 
 def test_cli_exit_codes(rig, capsys, tmp_path):
@@ -354,5 +410,21 @@ def test_a_postgres_catalog_from_before_presets_gains_the_table(pg):
         record, created = catalog.put_preset("calm", tuple(CALM), None, replace=False)
         assert created and catalog.preset("calm") == record
         assert [p.name for p in catalog.presets()] == ["calm"]
+    finally:
+        catalog.close()
+
+
+def test_a_postgres_catalog_from_before_preset_metadata_gains_the_column(pg):
+    dsn = pg.database("presets_metadata")
+    catalog = PostgresCatalog(dsn)
+    catalog.put_preset("old", tuple(CALM), "before", replace=False)
+    catalog.close()
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        conn.execute("ALTER TABLE hotwire_presets DROP COLUMN metadata")  # as it was before
+    catalog = PostgresCatalog(dsn)
+    try:
+        assert catalog.preset("old").metadata == {}
+        catalog.put_preset("old", tuple(CALM), None, replace=True, metadata=SWEPT)
+        assert catalog.preset("old").metadata == SWEPT
     finally:
         catalog.close()

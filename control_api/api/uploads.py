@@ -18,14 +18,14 @@ from typing import Any
 import anyio
 import anyio.lowlevel
 import numpy as np
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from starlette.datastructures import UploadFile
 from starlette.exceptions import HTTPException
 from starlette.formparsers import MultiPartException
 from starlette.requests import Request
 from starlette.types import Message, Scope
 
-from hotwire.shared.metadata import MAX_METADATA_DEPTH, metadata_problem
+from hotwire.shared.metadata import MAX_METADATA_DEPTH, Metadata
 from hotwire.shared.spec import ID_PATTERN, valid_id
 from hotwire.shared.wire import DTYPE_NAMES, decode_base64, dtype_code, read_safetensors
 
@@ -76,18 +76,9 @@ class UploadOptions(BaseModel):
     layers: list[int] | None = Field(None, description="decoder layers to materialise a "
                                      "[n_layers, hidden] vector on; default: every armed layer")
     pin: bool = Field(False, description="never evict this vector")
-    metadata: dict[str, Any] = Field(default_factory=dict, description="free-form JSON object: "
-                                     f"finite numbers only, nested at most {MAX_METADATA_DEPTH} deep")
+    metadata: Metadata = Field(default_factory=dict, description="free-form JSON object: "
+                               f"finite numbers only, nested at most {MAX_METADATA_DEPTH} deep")
     replace: bool = Field(False, description="replace an existing vector of this id")
-
-    @field_validator("metadata")
-    @classmethod
-    def _plain_json(cls, value: dict[str, Any]) -> dict[str, Any]:
-        """Refuse what would not come back as it went in (:func:`metadata_problem`)."""
-        problem = metadata_problem(value)
-        if problem is not None:
-            raise ValueError(problem)
-        return value
 
 
 class JsonUpload(UploadOptions):

@@ -104,9 +104,10 @@ class ControlClient:
         return self._call("GET", "/steer/slots").json()
 
     def store_preset(self, name: str, entries: Sequence[dict[str, Any]], *,
-                     description: str | None = None, replace: bool = False) -> dict[str, Any]:
+                     description: str | None = None, replace: bool = False,
+                     metadata: dict[str, Any] | None = None) -> dict[str, Any]:
         body = {"name": name, "entries": list(entries), "description": description,
-                "replace": replace}
+                "metadata": metadata or {}, "replace": replace}
         return self._call("POST", "/steer/presets", json=body).json()
 
     def presets(self) -> list[dict[str, Any]]:

@@ -19,7 +19,8 @@ def configure(parser: argparse.ArgumentParser) -> None:
     source = add.add_mutually_exclusive_group(required=True)
     source.add_argument("--file", type=Path,
                         help="JSON file: a list of entries, one entry, or a preset as `presets "
-                             "show` prints it (its description is used unless --description)")
+                             "show` prints it (its description is used unless --description, and "
+                             "its metadata is kept)")
     source.add_argument("--entries", type=parse_entries,
                         help='entries as JSON, e.g. \'[{"id": "calm", "layer": 12, "scale": 2}]\'')
     add.add_argument("--description", help="what the preset is for")
@@ -50,21 +51,21 @@ def parse_entries(text: str) -> list[dict[str, Any]]:
         raise argparse.ArgumentTypeError(str(e)) from None
 
 
-def as_entries(value: Any) -> tuple[list[Any], str | None]:
-    """``(entries, description)`` of a list of entries, one entry, or a preset object; the
-    entries themselves are checked by the server."""
+def as_entries(value: Any) -> tuple[list[Any], str | None, dict[str, Any]]:
+    """``(entries, description, metadata)`` of a list of entries, one entry, or a preset object;
+    the entries and the metadata themselves are checked by the server."""
     if isinstance(value, list):
-        return value, None
+        return value, None, {}
     if isinstance(value, dict) and "entries" in value:
         if not isinstance(value["entries"], list):
             raise ValueError("`entries` must be a JSON list")
-        return value["entries"], value.get("description")
+        return value["entries"], value.get("description"), value.get("metadata") or {}
     if isinstance(value, dict):
-        return [value], None
+        return [value], None, {}
     raise ValueError("expected a JSON list of entries, an entry or a preset object")
 
 
-def read_entries_file(path: Path) -> tuple[list[Any], str | None]:
+def read_entries_file(path: Path) -> tuple[list[Any], str | None, dict[str, Any]]:
     try:
         return as_entries(json.loads(path.read_text()))
     except OSError as e:
@@ -75,10 +76,10 @@ def read_entries_file(path: Path) -> tuple[list[Any], str | None]:
 
 @client_command
 def _add(client: ControlClient, args: argparse.Namespace) -> None:
-    entries, description = (args.entries, None) if args.file is None else \
+    entries, description, metadata = (args.entries, None, {}) if args.file is None else \
         read_entries_file(args.file)
     info = client.store_preset(args.name, entries, replace=args.replace,
-                               description=args.description or description)
+                               description=args.description or description, metadata=metadata)
     print(f"stored preset {info['name']}: {len(info['entries'])} entr"
           f"{'y' if len(info['entries']) == 1 else 'ies'} ({vector_ids(info)})")
 

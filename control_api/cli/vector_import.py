@@ -1,8 +1,9 @@
 """``hotwire vectors import PATH``: vectors in the formats people already have, through the API.
 
 Reads ``PATH`` with :mod:`hotwire.shared.importers` (a brainscope export, a hidden-directions
-dictionary, a GGUF control vector, a directory of vector files), then uploads every vector (with
-its source's metadata) and stores the preset each source implies, named after its vector. All
+dictionary, a GGUF control vector, a directory of vector files, the features ``--features`` picks
+of an SAE: SAELens, Gemma Scope, Neuronpedia records), then uploads every vector (with its
+source's metadata) and stores the preset each source implies, named after its vector. All
 of ``PATH`` is read and checked before anything is sent, as the control API would check it: a
 bad item (a file, its manifest entry, its metadata) is named and skipped whole, vector and
 preset, and the others are imported (exit 7 once they are); a source that cannot be read at
@@ -17,18 +18,29 @@ from pathlib import Path
 
 from hotwire.shared.importers import ImportResult, VectorImportError, import_path
 
+from .arguments import parse_features, parse_name
 from .client import ControlApiError, ControlClient, add_client_options, client_command
 
 
 def configure(actions: argparse._SubParsersAction) -> None:
     sub = actions.add_parser(
         "import", help="import vectors and their presets: a brainscope export, a "
-                       "hidden-directions dictionary, a GGUF control vector or vector files",
+                       "hidden-directions dictionary, a GGUF control vector, vector files, or "
+                       "SAE features (SAELens, Gemma Scope, Neuronpedia)",
         description="Upload every vector at PATH and store the presets its format implies (a "
                     "brainscope passport, a hidden-directions recommended layer, a GGUF's "
-                    "layers), each named after its vector. Layer numbers are mapped to vLLM's "
-                    "0-based decoder layers (see hotwire.shared.importers).")
-    sub.add_argument("path", type=Path, help="a directory or a .gguf file")
+                    "layers, a Neuronpedia default strength), each named after its vector. "
+                    "Layer numbers and SAE hook points are mapped to vLLM's 0-based decoder "
+                    "layers (see hotwire.shared.importers).")
+    sub.add_argument("path", type=Path, help="a directory, a .gguf file, a Gemma Scope .npz, or "
+                                             "Neuronpedia .json/.jsonl[.gz] records")
+    sub.add_argument("--features", type=parse_features, metavar="I,J,...",
+                     help="SAE features to import by index, e.g. 1234,5678 or 10-12; each "
+                          "becomes vector <sae>.<index> (an SAE needs it; Neuronpedia records "
+                          "are picked by index)")
+    sub.add_argument("--sae-name", type=parse_name,
+                     help="the <sae> of the feature ids (default: the SAE's folder name, a "
+                          "record's source)")
     sub.add_argument("--id-prefix", default="",
                      help="put before every vector id and preset name, e.g. qwen3-4b.")
     sub.add_argument("--model-layers", type=int, metavar="N",
@@ -40,11 +52,13 @@ def configure(actions: argparse._SubParsersAction) -> None:
     sub.set_defaults(run=_import)
 
 
-def read_source(path: Path, n_layers: int | None, id_prefix: str) -> ImportResult:
+def read_source(path: Path, n_layers: int | None, id_prefix: str,
+                features: list[int] | None = None, sae_name: str | None = None) -> ImportResult:
     """Every good item at ``path``, and the bad ones' problems; ``file_error`` when none is
     good (listing every problem)."""
     try:
-        result = import_path(path, n_layers=n_layers, id_prefix=id_prefix)
+        result = import_path(path, n_layers=n_layers, id_prefix=id_prefix, features=features,
+                             sae_name=sae_name)
     except VectorImportError as e:
         raise ControlApiError(0, "file_error", str(e)) from None
     if not result.vectors and result.problems:
@@ -73,7 +87,7 @@ def engine_layers(client: ControlClient) -> int | None:
 @client_command
 def _import(client: ControlClient, args: argparse.Namespace) -> None:
     n_layers = args.model_layers if args.model_layers is not None else engine_layers(client)
-    result = read_source(args.path, n_layers, args.id_prefix)
+    result = read_source(args.path, n_layers, args.id_prefix, args.features, args.sae_name)
     pinned = {v["id"]: v["pinned"] for v in client.vectors()} if args.replace else {}
     for vector in result.vectors:
         info = client.push_array(vector.id, vector.tensor, layers=vector.layers,

@@ -1,4 +1,4 @@
-"""``hotwire vectors push|list|rm|import|make``."""
+"""``hotwire vectors push|list|rm|import|sweep|make``."""
 
 from __future__ import annotations
 
@@ -8,9 +8,8 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from hotwire.shared.spec import layer_ranges
-
-from . import vector_import
+from . import vector_import, vector_sweep
+from .arguments import parse_layers
 from .client import ControlApiError, ControlClient, add_client_options, client_command
 from .tables import format_table
 
@@ -46,6 +45,7 @@ def configure(parser: argparse.ArgumentParser) -> None:
         add_client_options(sub)
 
     vector_import.configure(actions)
+    vector_sweep.configure(actions)
 
     make = actions.add_parser(
         "make", help="build a contrast vector from positive and negative prompts (transformers)",
@@ -62,14 +62,6 @@ def configure(parser: argparse.ArgumentParser) -> None:
     make.add_argument("--negative-file", type=Path, help="negative prompts, one per line")
     make.add_argument("--device", help="torch device (default: cuda when available, else cpu)")
     make.set_defaults(run=_make)
-
-
-def parse_layers(text: str) -> list[int]:
-    """``"10-12,20"`` -> ``[10, 11, 12, 20]``."""
-    try:
-        return layer_ranges(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r}: expected layers like 10-20,24") from None
 
 
 def parse_metadata(text: str) -> dict[str, Any]:

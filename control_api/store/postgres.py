@@ -26,7 +26,8 @@ Presets (table ``hotwire_presets``) are read from the database on every call, no
 memory: a preset written through one replica is seen by every other at once, with no
 notification to wait for. While the database is unreachable their reads fail like writes
 (vectors keep serving from memory because the engines depend on them; a preset is only looked up).
-The table needs no schema version bump: older builds ignore it.
+The table, and its later ``metadata`` column, need no schema version bump: older builds ignore
+them.
 
 The replicas' residency reports are the catalog's :attr:`PostgresCatalog.replica_board`
 (:mod:`.replica_board`); the schema and the connections are :mod:`.postgres_db`'s.
@@ -59,7 +60,7 @@ _WAKE_S = 0.25  # the listener notices close() within this
 
 _RECORD = ("v.id, v.generation, v.dtype, v.shape::text, v.layers::text, v.pinned, "
            "v.metadata::text, v.created_at, v.updated_at")
-_PRESET = "name, entries::text, description, created_at"
+_PRESET = "name, entries::text, description, created_at, metadata::text"
 # Ids with their latest change's seq, their high-water mark, then the record (NULLs if none).
 _CHANGES = (f"SELECT g.id, g.changed_seq, g.last, {_RECORD} FROM hotwire_generations g "
             "LEFT JOIN hotwire_vectors v ON v.id = g.id")
@@ -251,24 +252,27 @@ class PostgresCatalog:
         return None if row is None else PresetRecord.from_row(row)
 
     def put_preset(self, name: str, entries: tuple[dict[str, Any], ...], description: str | None,
-                   *, replace: bool) -> tuple[PresetRecord, bool]:
+                   *, replace: bool, metadata: dict[str, Any] | None = None
+                   ) -> tuple[PresetRecord, bool]:
         """Store a preset: ``(record, created)``. ``replace=False`` creates only, checked by the
         primary key, so of two replicas creating one name the second gets
         :class:`.records.PresetExists`."""
-        record = PresetRecord(name, tuple(entries), description, time.time())
-        values = (name, json.dumps(list(entries)), description, record.created_at)
+        record = PresetRecord(name, tuple(entries), description, time.time(), dict(metadata or {}))
+        values = (name, json.dumps(list(entries)), description, record.created_at,
+                  json.dumps(record.metadata))
 
         def write(conn: psycopg.Connection) -> bool:
             if replace:
                 (created,) = conn.execute(
-                    "INSERT INTO hotwire_presets AS p (name, entries, description, created_at) "
-                    "VALUES (%s, %s::json, %s, %s) ON CONFLICT (name) DO UPDATE SET "
-                    "entries = excluded.entries, description = excluded.description, "
-                    "created_at = excluded.created_at RETURNING p.xmax = 0", values).fetchone()
+                    "INSERT INTO hotwire_presets AS p (name, entries, description, created_at, "
+                    "metadata) VALUES (%s, %s::json, %s, %s, %s::json) ON CONFLICT (name) DO "
+                    "UPDATE SET entries = excluded.entries, description = excluded.description, "
+                    "created_at = excluded.created_at, metadata = excluded.metadata "
+                    "RETURNING p.xmax = 0", values).fetchone()
                 return created
             row = conn.execute(
-                "INSERT INTO hotwire_presets (name, entries, description, created_at) "
-                "VALUES (%s, %s::json, %s, %s) ON CONFLICT (name) DO NOTHING RETURNING 1",
+                "INSERT INTO hotwire_presets (name, entries, description, created_at, metadata) "
+                "VALUES (%s, %s::json, %s, %s, %s::json) ON CONFLICT (name) DO NOTHING RETURNING 1",
                 values).fetchone()
             if row is None:
                 raise PresetExists(name)

@@ -67,8 +67,10 @@ CREATE TABLE IF NOT EXISTS hotwire_presets (
     name         text PRIMARY KEY,
     entries      json NOT NULL,            -- list of spec entries, as posted
     description  text,
-    created_at   double precision NOT NULL
+    created_at   double precision NOT NULL,
+    metadata     json NOT NULL DEFAULT '{{}}'
 );
+ALTER TABLE hotwire_presets ADD COLUMN IF NOT EXISTS metadata json NOT NULL DEFAULT '{{}}';
 """.format(version=SCHEMA_VERSION)
 # libpq settings that make a dead server or network noticed in seconds; a DSN's own win.
 _CONNECT_DEFAULTS = {"connect_timeout": "5", "keepalives": "1", "keepalives_idle": "10",

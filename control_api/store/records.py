@@ -31,17 +31,20 @@ class VectorRecord:
 
 @dataclass(frozen=True)
 class PresetRecord:
-    """One stored preset; ``entries`` as they were posted (JSON objects), in their order."""
+    """One stored preset; ``entries`` as they were posted (JSON objects), in their order;
+    ``metadata`` what made it (a JSON object: e.g. the measurements of a calibration sweep)."""
 
     name: str
     entries: tuple[dict[str, Any], ...]
     description: str | None
     created_at: float
+    metadata: dict[str, Any]
 
     @classmethod
     def from_row(cls, row: tuple) -> PresetRecord:
-        name, entries, description, created_at = row
-        return cls(name, tuple(json.loads(entries)), description, created_at)
+        name, entries, description, created_at, metadata = row
+        return cls(name, tuple(json.loads(entries)), description, created_at,
+                   json.loads(metadata))
 
 
 class VectorExists(Conflict):

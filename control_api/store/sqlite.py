@@ -20,7 +20,8 @@ from memory.
 
 Presets live in their own table, kept in memory like the vectors. Schema changes
 are additive, so ``SCHEMA_VERSION`` stays 1: a catalog written before presets existed gains the
-``presets`` table when opened, and an older build still opens a catalog that has one.
+``presets`` table when opened, one written before preset metadata gains its column (``{}`` for
+the presets it holds), and an older build still opens a catalog that has them.
 """
 
 from __future__ import annotations
@@ -66,14 +67,23 @@ CREATE TABLE IF NOT EXISTS presets (
     name         TEXT PRIMARY KEY,
     entries      TEXT NOT NULL,    -- JSON list of spec entries, as posted
     description  TEXT,
-    created_at   REAL NOT NULL
+    created_at   REAL NOT NULL,
+    metadata     TEXT NOT NULL DEFAULT '{}'  -- JSON object
 );
 """
+_PRESET_COLUMNS = "name, entries, description, created_at, metadata"
 _COLUMNS = "id, generation, dtype, shape, layers, pinned, metadata, created_at, updated_at"
 _SQLITE_IOERR, _SQLITE_FULL = 10, 13  # primary result codes (sqlite3 names them from Python 3.11)
 _STORAGE_MESSAGES = ("database or disk is full", "disk I/O error")  # their texts, before 3.11
 
 log = logging.getLogger("hotwire.control_api")
+
+
+def _add_preset_metadata(db: sqlite3.Connection) -> None:
+    """The ``metadata`` column, in a catalog written before presets had one."""
+    columns = {row[1] for row in db.execute("PRAGMA table_info(presets)")}
+    if "metadata" not in columns:
+        db.execute("ALTER TABLE presets ADD COLUMN metadata TEXT NOT NULL DEFAULT '{}'")
 
 
 class CatalogLost(Unavailable):
@@ -103,6 +113,7 @@ class Catalog:
         if version not in (0, SCHEMA_VERSION):
             raise RuntimeError(f"{path} has catalog schema {version}; this build reads {SCHEMA_VERSION}")
         self._db.executescript(_SCHEMA)
+        _add_preset_metadata(self._db)
         self._db.execute(f"PRAGMA user_version={SCHEMA_VERSION}")
         self._identity = _identity(path)
         self.lost: str | None = None
@@ -111,7 +122,7 @@ class Catalog:
         self._high_water: dict[str, int] = dict(
             self._db.execute("SELECT id, last FROM generations").fetchall())
         self._presets = {row[0]: PresetRecord.from_row(row) for row in self._db.execute(
-            "SELECT name, entries, description, created_at FROM presets").fetchall()}
+            f"SELECT {_PRESET_COLUMNS} FROM presets").fetchall()}
 
     def problem(self) -> str | None:
         """Why the catalog can no longer persist anything, or ``None``; sticky once lost.
@@ -245,18 +256,19 @@ class Catalog:
         return self._presets.get(name)
 
     def put_preset(self, name: str, entries: tuple[dict[str, Any], ...], description: str | None,
-                   *, replace: bool) -> tuple[PresetRecord, bool]:
+                   *, replace: bool, metadata: dict[str, Any] | None = None
+                   ) -> tuple[PresetRecord, bool]:
         """Store a preset: ``(record, created)``. ``replace=False`` creates only
         (:class:`.records.PresetExists`); a replaced preset is a new recipe, with a new
         ``created_at``."""
-        record = PresetRecord(name, tuple(entries), description, time.time())
+        record = PresetRecord(name, tuple(entries), description, time.time(), dict(metadata or {}))
         with self._transaction() as db:
             existed = db.execute("SELECT 1 FROM presets WHERE name = ?", (name,)).fetchone()
             if existed and not replace:
                 raise PresetExists(name)
-            db.execute("INSERT OR REPLACE INTO presets (name, entries, description, created_at) "
-                       "VALUES (?, ?, ?, ?)", (name, json.dumps(list(entries)), description,
-                                               record.created_at))
+            db.execute(f"INSERT OR REPLACE INTO presets ({_PRESET_COLUMNS}) VALUES (?, ?, ?, ?, ?)",
+                       (name, json.dumps(list(entries)), description, record.created_at,
+                        json.dumps(record.metadata)))
         self._presets[name] = record
         return record, not existed
 

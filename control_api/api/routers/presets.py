@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import json
 from datetime import datetime, timezone
 from typing import Annotated, Any
 
 from fastapi import APIRouter, Depends, Path, Request, Response
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
+from hotwire.shared.metadata import MAX_METADATA_DEPTH, Metadata
 from hotwire.shared.spec import ID_PATTERN, MAX_ENTRIES, MAX_SPEC_CHARS, valid_id
 
 from ...store.records import PresetRecord
@@ -17,7 +19,9 @@ from ..http_errors import ApiError, describe_validation, responses
 from ..preset_entries import check_entries
 
 PATH = "/steer/presets"
-MAX_BODY_BYTES = 4 * MAX_SPEC_CHARS  # room for a description and whitespace around the entries
+MAX_METADATA_CHARS = 64 * 1024  # a calibration sweep's points fit many times over
+# room for a description, whitespace around the entries, and the metadata
+MAX_BODY_BYTES = 4 * MAX_SPEC_CHARS + MAX_METADATA_CHARS
 MAX_DESCRIPTION_CHARS = 1024
 router = APIRouter(prefix=PATH, tags=["presets"])
 PresetName = Annotated[str, Path(pattern=ID_PATTERN, description=f"preset name, matching "
@@ -35,7 +39,20 @@ class PresetIn(BaseModel):
         "or `layers`, `scale`, `mode`, `positions`, ...); the vectors need not be registered yet")
     description: str | None = Field(None, max_length=MAX_DESCRIPTION_CHARS, pattern=r"^[^\x00]*$",
                                     description="free text, without NUL characters")
+    metadata: Metadata = Field(
+        default_factory=dict, description="what made the preset (e.g. `hotwire vectors sweep`'s "
+        f"measurements): a JSON object, finite numbers only, nested at most {MAX_METADATA_DEPTH} "
+        f"deep, at most {MAX_METADATA_CHARS} characters as compact JSON")
     replace: bool = Field(False, description="replace a preset of this name")
+
+    @field_validator("metadata")
+    @classmethod
+    def _bounded(cls, value: dict[str, Any]) -> dict[str, Any]:
+        chars = len(json.dumps(value, separators=(",", ":")))
+        if chars > MAX_METADATA_CHARS:
+            raise ValueError(f"metadata is {chars} characters as compact JSON; at most "
+                             f"{MAX_METADATA_CHARS}")
+        return value
 
 
 class PresetInfo(BaseModel):
@@ -43,6 +60,7 @@ class PresetInfo(BaseModel):
     entries: list[dict[str, Any]]
     description: str | None
     created_at: datetime
+    metadata: dict[str, Any]
 
 
 class PresetList(BaseModel):
@@ -56,7 +74,8 @@ OPENAPI_BODY = {"requestBody": {"required": True, "content": {
 def preset_info(record: PresetRecord) -> PresetInfo:
     return PresetInfo(name=record.name, entries=list(record.entries),
                       description=record.description,
-                      created_at=datetime.fromtimestamp(record.created_at, timezone.utc))
+                      created_at=datetime.fromtimestamp(record.created_at, timezone.utc),
+                      metadata=record.metadata)
 
 
 @router.post("", status_code=201, response_model=PresetInfo, openapi_extra=OPENAPI_BODY,
@@ -66,9 +85,9 @@ def preset_info(record: PresetRecord) -> PresetInfo:
 async def store_preset(request: Request, response: Response, svc: ServicesDep) -> PresetInfo:
     """Store a preset (201), or replace one with ``replace=true`` (200).
 
-    JSON ``{name, entries, description?, replace?}``; entries are checked as the engine parses a
-    spec, within a spec's limits (422 ``bad_entries`` with the parser's reason), and may not name
-    presets.
+    JSON ``{name, entries, description?, metadata?, replace?}``; entries are checked as the
+    engine parses a spec, within a spec's limits (422 ``bad_entries`` with the parser's reason),
+    and may not name presets.
     """
     preset = await _read_preset(request)
     if not valid_id(preset.name):
@@ -76,7 +95,7 @@ async def store_preset(request: Request, response: Response, svc: ServicesDep) -
     entries = check_entries(preset.entries)
     svc.catalog.require_writable()
     record, created = svc.catalog.put_preset(preset.name, entries, preset.description,
-                                             replace=preset.replace)
+                                             replace=preset.replace, metadata=preset.metadata)
     if not created:
         response.status_code = 200
     return preset_info(record)
