@@ -42,8 +42,8 @@ import httpx
 import psutil
 
 from hotwire.tools.tiny_model import benchmark_model, steered_layers
-from serving import (SERVER_CORES, Load, Server, add_common_args, cpu_plan, engine_args, print_logs, start_run,
-                     stop_all, wait_ready, write_vectors)
+from serving import (SERVER_CORES, Load, Server, add_common_args, cpu_plan, engine_args, running, start_run,
+                     wait_ready, write_vectors)
 
 # A sample is hotwire's when the innermost frame of hotwire's or vLLM's own code in its stack is
 # hotwire's (hotwire's hooks wrap vLLM's methods, so a wrapper frame alone says nothing); it is
@@ -170,7 +170,7 @@ def main() -> None:
               "steered_fraction": args.steered_fraction, "seconds": args.seconds, "rate": args.rate, "servers": {}}
     load = Load(args.client_processes)
     client = httpx.Client(timeout=30)
-    try:
+    with running(servers, load, client):
         for s in servers:
             s.start()
         result["startup_s"] = wait_ready(servers, t0)
@@ -191,13 +191,6 @@ def main() -> None:
             hot = summary["groups"].get("hotwire", {"share": 0.0})
             print(f"{s.name}: {summary['tokens_per_s']:.0f} tok/s, {summary['step_ms']:.2f} ms/step, "
                   f"{summary['samples_per_step']:.2f} samples/step; hotwire {hot['share']:.1%}", flush=True)
-    except BaseException:
-        print_logs(servers)
-        raise
-    finally:
-        client.close()
-        load.shutdown()
-        stop_all(servers)
     free, hot = result["servers"]["plugin_free"], result["servers"]["hotwire"]
     names = sorted(set(free["groups"]) | set(hot["groups"]))
 

@@ -89,9 +89,8 @@ from pathlib import Path
 import httpx
 
 from hotwire.tools.tiny_model import benchmark_model, steered_layers
-from serving import (SERVER_CORES, Load, add_common_args, Server, check_steering, cpu_plan, engine_args, median,
-                     median_ci, print_logs, snapshot, start_run, stop_all, verdict, wait_ready, window_row,
-                     write_vectors)
+from serving import (SERVER_CORES, Load, Server, add_common_args, check_steering, cpu_plan, engine_args, median,
+                     median_ci, running, snapshot, start_run, verdict, wait_ready, window_row, write_vectors)
 
 TARGET = 0.99
 MIN_ROUNDS = 5  # fewer rounds' bootstrap interval is too narrow to trust: "unresolved"
@@ -287,7 +286,7 @@ def main() -> None:
     load = Load(args.client_processes)
     pending: dict = {}
     client = httpx.Client(timeout=30)
-    try:
+    with running(servers, load, client):
         for s in servers:
             s.start()
         result["startup_s"] = wait_ready(servers, t0)
@@ -333,13 +332,6 @@ def main() -> None:
         for s in servers:
             if s.name in pending:
                 _check_pending(s, pending)
-    except BaseException:
-        print_logs(servers)
-        raise
-    finally:
-        client.close()
-        load.shutdown()
-        stop_all(servers)
     result["phases_s"]["total"] = round(time.monotonic() - t0, 1)
     result["rows"] = _summary(result["samples"], concurrency, names)
     args.out.write_text(json.dumps(result, indent=1))

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import itertools
 import json
 import math
@@ -216,6 +217,21 @@ def print_logs(procs: list[Managed]) -> None:
     """Why a run failed is usually in a server's log."""
     for p in (p for p in procs if p.proc is not None):
         print(p.died() or f"--- {p.name} (running), log tail:\n" + p.tail(4000), flush=True)
+
+
+@contextlib.contextmanager
+def running(procs: list[Managed], load: "Load", client: httpx.Client):
+    """A benchmark's run of ``procs``: their log tails printed if it fails; the client, the load
+    generator and every process stopped however it ends."""
+    try:
+        yield
+    except BaseException:
+        print_logs(procs)
+        raise
+    finally:
+        client.close()
+        load.shutdown()
+        stop_all(procs)
 
 
 def cpu_plan(cores: list[int], clients: int) -> tuple[list[list[int]], list[int]] | None:

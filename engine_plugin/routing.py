@@ -38,7 +38,9 @@ class Router:
         self._dirty = False  # a request arrived or left since the last route()
         self._rows_written = False  # commit() changed request rows since the last per-token copy
         self._row_of: dict[str, int] = {}  # request row of each steered request, looked up per step
-        self._staged: list[tuple[int, list[tuple[int, int, tuple[int, ...]]]]] = []  # row, [(pos, k, words)]
+        # request row -> its entries [(pos, k, words)], admitted since the last commit (a row reused
+        # before the commit holds its latest request's)
+        self._staged: dict[int, list[tuple[int, int, tuple[int, ...]]]] = {}
         self._tok = np.zeros(0, dtype=np.int32)  # tok_row content on the device, up to its length
         # [R+1, A]: the armed layers (table positions) each request row has an entry on, on this rank
         self._row_layers = np.zeros(self.tables.route.shape[:2], dtype=bool)
@@ -62,7 +64,7 @@ class Router:
         self._row_of[req_id] = admitted.row
         self._row_layers[admitted.row] = False
         self._row_layers[admitted.row, [pos for pos, _, _ in entries]] = True
-        self._staged.append((admitted.row, entries))
+        self._staged[admitted.row] = entries
         self._dirty = True
 
     def _gates_elsewhere(self, terms: tuple[Term, ...]) -> set[int]:
@@ -105,9 +107,9 @@ class Router:
             return
         m, shape = len(self._staged), self.tables.route.shape[1:]  # shape: [A, K, 8]
         buf = np.zeros(m + m * int(np.prod(shape)), dtype=np.int32)  # [row numbers | rows]
-        buf[:m] = [row for row, _ in self._staged]
+        buf[:m] = list(self._staged)
         route = buf[m:].reshape(m, *shape)
-        for i, (_, entries) in enumerate(self._staged):
+        for i, entries in enumerate(self._staged.values()):
             for pos, k, words in entries:
                 route[i, pos, k] = words
         self._staged.clear()

@@ -81,6 +81,19 @@ def test_a_gated_requests_row_starts_closed_for_the_next_request(rig):
     assert tables.gate_decided[row].abs().sum() == 0
 
 
+def test_a_row_reused_before_its_commit_holds_the_latest_request(rig):
+    """A request admitted and gone before its row was written, and the next one on the same row:
+    the row written is the second's."""
+    tables, router = rig.tables, rig.router
+    rig.control.write(0, "v", ANY_LAYER, np.ones(H, np.float32), gen=1)
+    rig.step(new=[("a", _spec({"id": "v", "layer": 1, "scale": 1.0}), 3)])
+    row = router.active["a"].row
+    rig.step(finished=["a"], new=[("b", _spec({"id": "v", "layer": 1, "scale": -3.0}), 3)])
+    assert router.active["b"].row == row
+    router.route(["b"], np.array([3]))
+    assert tables.route[row, 0, 0, 4].view(torch.float32).item() == -3.0
+
+
 def test_reused_row_with_the_same_token_map_is_copied_again(rig):
     """A request leaves and the next one takes its row: same token map, new row contents."""
     tables, router = rig.tables, rig.router
