@@ -23,6 +23,7 @@ from hotwire.control_api.store.postgres import PostgresCatalog
 from hotwire.control_api.cli.exit_codes import (EXIT_CONFLICT, EXIT_ERROR, EXIT_FILE, EXIT_INVALID,
                                                 EXIT_OK, EXIT_UNAUTHORIZED, EXIT_USAGE)
 from hotwire.control_api.cli.main import main
+from hotwire.shared.spec import layer_ranges
 from hotwire.shared.wire import encode_safetensors
 
 from control_harness import FP, TOKEN, Rig, exact_vector
@@ -277,12 +278,12 @@ def test_cli_add_list_show_rm(rig, capsys, tmp_path):
     assert status == EXIT_OK, err
     assert out.strip() == "stored preset calm: 2 entries (calm,refusal)"
 
-    status, out, _ = cli(capsys, url, "presets", "show", "calm", token=None)
+    status, out, _ = cli(capsys, url, "presets", "show", "calm", "--json", token=None)
     assert status == EXIT_OK
     shown = json.loads(out)
     assert shown["entries"] == CALM and shown["description"] == "calm, no refusals"
 
-    (tmp_path / "calm.json").write_text(out)  # what show prints, read back by add --file
+    (tmp_path / "calm.json").write_text(out)  # what show --json prints, read back by add --file
     status, out, err = cli(capsys, url, "presets", "add", "calm2", "--file", str(tmp_path / "calm.json"))
     assert status == EXIT_OK, err
     assert presets_of(rig.http)["calm2"]["description"] == "calm, no refusals"
@@ -306,7 +307,7 @@ def test_cli_add_list_show_rm(rig, capsys, tmp_path):
 
 def test_cli_show_then_add_from_the_file_keeps_the_metadata(rig, capsys, tmp_path):
     assert store(rig.http, "swept", CALM, description="calibrated", metadata=SWEPT).status_code == 201
-    status, out, _ = cli(capsys, rig.server.url, "presets", "show", "swept")
+    status, out, _ = cli(capsys, rig.server.url, "presets", "show", "swept", "--json")
     assert status == EXIT_OK and json.loads(out)["metadata"] == SWEPT
     (tmp_path / "swept.json").write_text(out)
     status, _, err = cli(capsys, rig.server.url, "presets", "add", "copy", "--file",
@@ -314,6 +315,27 @@ def test_cli_show_then_add_from_the_file_keeps_the_metadata(rig, capsys, tmp_pat
     assert status == EXIT_OK, err
     copy = presets_of(rig.http)["copy"]
     assert (copy["entries"], copy["description"], copy["metadata"]) == (CALM, "calibrated", SWEPT)
+    status, out, _ = cli(capsys, rig.server.url, "presets", "show", "swept")
+    assert status == EXIT_OK and f"metadata     {json.dumps(SWEPT, separators=(',', ':'))}" in out
+
+
+def test_cli_show_prints_layer_sets_as_ranges(rig, capsys):
+    """What ``show`` prints pastes into ``--layers``: a GGUF import's 29 layers are ``1-29``."""
+    url = rig.server.url
+    entries = [{"id": "happy", "layers": [*range(1, 30), 31], "scale": 1},
+               {"id": "calm", "layer": 2, "scale": 1.5, "decode_only": True},
+               {"id": "refusal", "layers": "all", "mode": "ablate"}]
+    assert cli(capsys, url, "presets", "add", "mixed", "--entries", json.dumps(entries))[0] == EXIT_OK
+    status, out, _ = cli(capsys, url, "presets", "show", "mixed", token=None)
+    assert status == EXIT_OK
+    lines = out.splitlines()
+    assert lines[0].split() == ["preset", "mixed"] and lines[1].split() == ["description", "-"]
+    table = lines[lines.index("") + 1:]
+    assert table[0].split() == ["VECTOR", "LAYERS", "SETTINGS"]
+    assert [row.split() for row in table[1:]] == [
+        ["happy", "1-29,31", "scale=1"], ["calm", "2", "scale=1.5", "decode_only=true"],
+        ["refusal", "all", 'mode="ablate"']]
+    assert layer_ranges(table[1].split()[1]) == entries[0]["layers"]
 
 
 def test_cli_exit_codes(rig, capsys, tmp_path):

@@ -7,6 +7,7 @@ import json
 from pathlib import Path
 from typing import Any
 
+from ..layer_lists import format_layers
 from .client import ControlApiError, ControlClient, add_client_options, client_command
 from .tables import format_table
 
@@ -19,8 +20,8 @@ def configure(parser: argparse.ArgumentParser) -> None:
     source = add.add_mutually_exclusive_group(required=True)
     source.add_argument("--file", type=Path,
                         help="JSON file: a list of entries, one entry, or a preset as `presets "
-                             "show` prints it (its description is used unless --description, and "
-                             "its metadata is kept)")
+                             "show --json` prints it (its description is used unless --description, "
+                             "and its metadata is kept)")
     source.add_argument("--entries", type=parse_entries,
                         help='entries as JSON, e.g. \'[{"id": "calm", "layer": 12, "scale": 2}]\'')
     add.add_argument("--description", help="what the preset is for")
@@ -31,8 +32,10 @@ def configure(parser: argparse.ArgumentParser) -> None:
     listing.add_argument("--json", action="store_true", help="print the server's JSON")
     listing.set_defaults(run=_list)
 
-    show = actions.add_parser("show", help="print one preset as JSON")
+    show = actions.add_parser("show", help="print one preset: its entries, layers as ranges")
     show.add_argument("name", help="preset name")
+    show.add_argument("--json", action="store_true",
+                      help="print the server's JSON (what add --file reads back)")
     show.set_defaults(run=_show)
 
     remove = actions.add_parser("rm", help="delete a preset")
@@ -96,7 +99,28 @@ def _list(client: ControlClient, args: argparse.Namespace) -> None:
 
 @client_command
 def _show(client: ControlClient, args: argparse.Namespace) -> None:
-    print(json.dumps(client.preset(args.name), indent=2))
+    preset = client.preset(args.name)
+    if args.json:
+        print(json.dumps(preset, indent=2))
+        return
+    print(f"preset       {preset['name']}")
+    print(f"description  {preset['description'] or '-'}")
+    print(f"created      {preset['created_at']}")
+    if preset.get("metadata"):
+        print(f"metadata     {json.dumps(preset['metadata'], separators=(',', ':'))}")
+    print()
+    print(format_table(["VECTOR", "LAYERS", "SETTINGS"], [entry_row(e) for e in preset["entries"]]))
+
+
+def entry_row(entry: dict[str, Any]) -> tuple[str, str, str]:
+    """An entry as ``(vector id, layers, the other fields as key=JSON)``: a layer list reads
+    as ranges (``1-29``), as ``--layers`` takes them."""
+    layers = entry.get("layers", entry.get("layer"))
+    if isinstance(layers, list) and all(type(x) is int for x in layers):
+        layers = format_layers(layers)
+    rest = " ".join(f"{key}={json.dumps(value)}" for key, value in entry.items()
+                    if key not in ("id", "layer", "layers"))
+    return str(entry.get("id")), "-" if layers is None else str(layers), rest
 
 
 @client_command

@@ -37,7 +37,7 @@ def _print_table(table: dict) -> None:
     sync = "in sync" if e["in_sync"] else "applying"
     print(f"engine   {e['model']} ({e['n_layers']} layers, hidden {e['hidden']}, {e['dtype']}), "
           f"pid {e['pid']}, epoch {e['epoch']}, heartbeat {e['heartbeat_age_s']:.1f}s ago")
-    print(f"armed    {format_layers(e['armed_layers'])}")
+    print(f"armed    {format_layers(e['armed_layers']) or 'none'}")
     print(f"mailbox  generation {e['applied_generation']}/{e['target_generation']} ({sync}), "
           f"slots {table['used']}/{table['n_slots']} used")
     print("counters " + ", ".join(f"{k}={v}" for k, v in e["counters"].items()))

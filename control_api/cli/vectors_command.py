@@ -8,6 +8,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from ..layer_lists import format_layers
 from . import vector_import, vector_sweep
 from .arguments import parse_layers
 from .client import ControlApiError, ControlClient, add_client_options, client_command
@@ -112,7 +113,7 @@ def _list(client: ControlClient, args: argparse.Namespace) -> None:
         print(json.dumps(vectors, indent=2))
         return
     rows = [(v["id"], v["generation"], "x".join(map(str, v["shape"])), v["dtype"],
-             "armed" if v["layers"] is None else ",".join(map(str, v["layers"])),
+             "armed" if v["layers"] is None else format_layers(v["layers"]),
              "yes" if v["pinned"] else "", v["state"], len(v["slots"])) for v in vectors]
     print(format_table(["ID", "GEN", "SHAPE", "DTYPE", "LAYERS", "PINNED", "STATE", "SLOTS"], rows))
 

@@ -47,7 +47,7 @@ def target_layers(shape: Sequence[int], layers: Sequence[int] | None, fp: Finger
     unarmed = sorted(set(layers) - set(armed))
     if unarmed:
         raise VectorError("bad_layers", f"layers {unarmed} are not armed by the engine "
-                          f"(armed: {format_layers(armed)})")
+                          f"(armed: {format_layers(armed) or 'none'})")
     return tuple(sorted(set(layers)))
 
 
