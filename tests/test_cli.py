@@ -104,6 +104,33 @@ def test_push_list_slots_rm(served, capsys):
     assert engine.entries("cli_flat") == {}
 
 
+def test_push_stores_the_files_own_metadata_under_the_flags(served, capsys):
+    """What ``vectors make`` writes into the file (layer, suggested scale, norms, recipe)
+    travels with a push; ``--metadata`` adds to it, its keys winning."""
+    url, _, tmp = served
+    made = {"layer": "2", "suggested_scale": "2.5", "stream_norm": "10", "recipe": "mean"}
+    save_file({"vector": exact_vector(H, seed=6)}, tmp / "made.safetensors", metadata=made)
+
+    def stored(vector_id: str) -> dict:
+        client = ControlClient(url, TOKEN)
+        try:
+            return client.vector(vector_id)["metadata"]
+        finally:
+            client.close()
+
+    assert cli(capsys, url, "vectors", "push", "made", str(tmp / "made.safetensors"))[0] == EXIT_OK
+    assert stored("made") == made
+    status, _, err = cli(capsys, url, "vectors", "push", "made", str(tmp / "made.safetensors"),
+                         "--replace", "--metadata", '{"suggested_scale": 1, "note": "tuned"}')
+    assert status == EXIT_OK, err
+    assert stored("made") == {**made, "suggested_scale": 1, "note": "tuned"}
+    save_file({"vector": exact_vector(H, seed=7)}, tmp / "bare.safetensors")
+    assert cli(capsys, url, "vectors", "push", "bare", str(tmp / "bare.safetensors"))[0] == EXIT_OK
+    assert stored("bare") == {}
+    for vector_id in ("made", "bare"):
+        assert cli(capsys, url, "vectors", "rm", vector_id)[0] == EXIT_OK
+
+
 def test_not_found_exits_with_the_other_error_code(served, capsys):
     url, _, _ = served
     status, _, err = cli(capsys, url, "vectors", "rm", "never_was")

@@ -14,6 +14,7 @@ from typing import Any
 
 import httpx
 import numpy as np
+from safetensors import SafetensorError, safe_open
 
 from .exit_codes import (EXIT_CONFLICT, EXIT_ERROR, EXIT_FILE, EXIT_INVALID, EXIT_OK,
                          EXIT_UNAUTHORIZED, EXIT_UNREACHABLE, EXIT_USAGE)
@@ -51,7 +52,12 @@ class ControlClient:
     def push_file(self, vector_id: str, path: Path, *, layers: Sequence[int] | None = None,
                   pin: bool = False, replace: bool = False, key: str | None = None,
                   metadata: dict[str, Any] | None = None) -> dict[str, Any]:
-        """Register a ``.safetensors`` (sent as is) or ``.npy`` file (sent as base64 JSON)."""
+        """Register a ``.safetensors`` (sent as is) or ``.npy`` file (sent as base64 JSON).
+
+        A safetensors file's own metadata (``__metadata__``: what ``hotwire vectors make``
+        writes) is stored with the vector, under ``metadata``: where both name a key,
+        ``metadata``'s value wins.
+        """
         suffix = path.suffix.lower()
         if suffix == ".npy":
             if key is not None:
@@ -71,7 +77,8 @@ class ControlClient:
             form["layers"] = json.dumps(list(layers))
         if key is not None:
             form["key"] = key
-        if metadata is not None:
+        metadata = {**file_metadata(path), **(metadata or {})}
+        if metadata:
             form["metadata"] = json.dumps(metadata)
         try:
             content = path.read_bytes()
@@ -141,6 +148,16 @@ class ControlClient:
 
     def close(self) -> None:
         self._http.close()
+
+
+def file_metadata(path: Path) -> dict[str, str]:
+    """A safetensors file's ``__metadata__`` (string to string), ``{}`` when it has none or
+    cannot be read as one (the upload then says what is wrong with the file)."""
+    try:
+        with safe_open(str(path), framework="numpy") as f:
+            return dict(f.metadata() or {})
+    except (OSError, SafetensorError):
+        return {}
 
 
 def _file_error(path: Path, error: OSError) -> ControlApiError:

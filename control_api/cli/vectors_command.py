@@ -31,7 +31,8 @@ def configure(parser: argparse.ArgumentParser) -> None:
                       help="replace an existing vector (its pin is kept unless --pin/--no-pin)")
     push.add_argument("--key", help="tensor name, when the safetensors file holds several")
     push.add_argument("--metadata", type=parse_metadata,
-                      help='JSON object stored with the vector, e.g. \'{"note": "v2"}\'')
+                      help='JSON object stored with the vector, e.g. \'{"note": "v2"}\', over a '
+                           "safetensors file's own metadata (its keys win)")
     push.set_defaults(run=_push)
 
     listing = actions.add_parser("list", help="list registered vectors")
