@@ -19,7 +19,7 @@ import numpy as np
 import pytest
 import torch
 
-from hotwire.control_api.cli.exit_codes import EXIT_CONFLICT, EXIT_ERROR, EXIT_FILE, EXIT_OK
+from hotwire.control_api.cli.exit_codes import EXIT_CONFLICT, EXIT_ERROR, EXIT_FILE, EXIT_OK, EXIT_USAGE
 from hotwire.control_api.cli.main import main
 from hotwire.engine_plugin.startup import load_dir
 from hotwire.shared.importers import VectorImportError, import_path
@@ -620,7 +620,7 @@ def test_cli_import_uploads_vectors_and_stores_presets(rig, capsys, tmp_path):
     status, out, err = cli(capsys, rig, str(root))
     assert status == EXIT_OK, err
     assert f"vector calm: {h}, generation 1, resident" in out
-    assert "preset calm: brainscope passport: calibrated at layer 1, scale 2" in out
+    assert "preset calm: calm on layer 1 at scale 2 (brainscope passport: calibrated at layer 1, scale 2" in out
     np.testing.assert_array_equal(rig.engine.entries("calm")[ANY_LAYER][2], calm)
     assert rig.catalog()["calm"]["metadata"]["calibrated"] == {"layer": 1, "scale": 2}
 
@@ -638,6 +638,50 @@ def test_cli_import_uploads_vectors_and_stores_presets(rig, capsys, tmp_path):
     status, out, err = cli(capsys, rig, str(root), "--replace")
     assert status == EXIT_OK, err
     assert "generation 2" in out
+
+
+def test_cli_import_takes_the_operators_layers_and_scale_for_its_presets(rig, capsys, tmp_path):
+    """A GGUF file (repeng's) names no layer choice and its strength 1 is llama.cpp's:
+    ``--layers`` and ``--scale`` make the preset, say what they chose, and the vector keeps
+    every row the file has; a layer the file has no direction for is refused, by name."""
+    h = FP.hidden
+    rows = {n: exact_vector(h, seed=n) for n in (1, 2, 3)}
+    gguf_path = write_gguf(tmp_path / "happy.gguf", {f"direction.{n}": r for n, r in rows.items()})
+    status, out, err = cli(capsys, rig, str(gguf_path), "--layers", "2-3", "--scale", "-1.5")
+    assert status == EXIT_OK, err
+    assert "preset happy: happy on layers 2-3 at scale -1.5 (GGUF control vector happy.gguf: " \
+           "layers 1-3, strength 1 as llama.cpp applies it; layers 2-3 and scale -1.5 chosen " \
+           "at import)" in out
+    assert sorted(rig.engine.entries("happy")) == [1, 2, 3]
+    presets = {p["name"]: p for p in rig.http.get("/steer/presets").json()["presets"]}
+    assert presets["happy"]["entries"] == [{"id": "happy", "layers": [2, 3], "scale": -1.5}]
+
+    root = write_brainscope(tmp_path / "export", {"calm": exact_vector(h, seed=4)},
+                            {"calm": {"calibrated": {"layer": 1, "scale": 2}}})
+    status, out, err = cli(capsys, rig, str(root), "--scale", "3")  # the source's layer stays
+    assert status == EXIT_OK, err
+    presets = {p["name"]: p for p in rig.http.get("/steer/presets").json()["presets"]}
+    assert presets["calm"]["entries"] == [{"id": "calm", "layer": 1, "scale": 3.0, "decode_only": True}]
+
+    plain = tmp_path / "plain"
+    plain.mkdir()
+    (plain / "bare.safetensors").write_bytes(encode_safetensors(exact_vector(h, seed=5)))
+    status, out, err = cli(capsys, rig, str(plain), "--layers", "2")  # no preset in the source
+    assert status == EXIT_OK, err
+    assert "preset bare: bare on layer 2 at scale 1 (bare.safetensors: no preset in the source; " \
+           "layers 2 chosen at import)" in out
+    presets = {p["name"]: p for p in rig.http.get("/steer/presets").json()["presets"]}
+    assert presets["bare"]["entries"] == [{"id": "bare", "layer": 2, "scale": 1.0}]
+
+    status, _, err = cli(capsys, rig, str(gguf_path), "--id-prefix", "x.", "--layers", "0-2")
+    assert status == EXIT_FILE and "--layers 0: the vector has no row there (it has 1-3)" in err
+    status, _, err = cli(capsys, rig, str(gguf_path), "--id-prefix", "x.", "--layers", "4")
+    assert status == EXIT_FILE and "--layers 4 is not a layer of the model" in err
+    assert not any(name.startswith("x.") for name in rig.catalog())
+    for bad in (["--layers", "1-x"], ["--scale", "nan"], ["--scale", "1e39"]):
+        with pytest.raises(SystemExit) as exited:
+            cli(capsys, rig, str(gguf_path), *bad)
+        assert exited.value.code == EXIT_USAGE
 
 
 def test_cli_import_skips_a_bad_file_imports_the_rest_and_says_so(rig, capsys, tmp_path):

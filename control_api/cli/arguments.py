@@ -7,6 +7,7 @@ import math
 
 from hotwire.shared.spec import ID_PATTERN, layer_ranges, valid_id
 
+F32_MAX = 3.4028234663852886e38  # the largest finite float32
 MAX_FEATURES = 4096  # an import of more features than an engine has slots is a typo
 
 
@@ -34,13 +35,13 @@ def parse_features(text: str) -> list[int]:
 
 
 def parse_scale(text: str) -> float:
-    """A finite number (``-4``, ``0.5``)."""
+    """A number finite in float32 (``-4``, ``0.5``), as a spec's ``scale`` must be."""
     try:
         scale = float(text)
     except ValueError:
         raise argparse.ArgumentTypeError(f"{text!r}: expected a number") from None
-    if not math.isfinite(scale):
-        raise argparse.ArgumentTypeError(f"{text!r}: expected a finite number")
+    if not math.isfinite(scale) or abs(scale) > F32_MAX:
+        raise argparse.ArgumentTypeError(f"{text!r}: expected a number finite in float32")
     return scale
 
 
