@@ -4,6 +4,7 @@ report, exit 0, each phase on stderr as it starts, no temporary directory left b
 import json
 import re
 import shutil
+import signal
 import subprocess
 import sys
 import tempfile
@@ -19,13 +20,15 @@ pytestmark = [requires_vllm, pytest.mark.vllm]
 def test_verify_reports_steering_fires_and_exact_batchmates(tiny_model, tmp_path):
     env = engine_env(tmp_path)
     proc = subprocess.run([sys.executable, "-m", "hotwire.control_api.cli", "verify", "--model", str(tiny_model),
-                           "--batch", "3", "--timing-steps", "16", "--json", str(tmp_path / "report.json")],
+                           "--quick", "--batch", "3", "--json", str(tmp_path / "report.json")],
                           env=env, capture_output=True, text=True, timeout=900)
     report = proc.stdout
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     _assert_phases(proc.stderr, "hotwire verify", [
-        "read ", "plugin-free engine: start (load the model)", "plugin-free engine: run 1 batch of 3",
-        "plugin-free engine: time decode", "hotwire engine: start (load the model)", "hotwire engine: run 1 batch of 3",
+        "read ", "plan: 2 engines in turn (plugin-free, then hotwire), each: start, a batch of 3 requests, "
+        "2 timed calls; 80 decode steps per engine", "plugin-free engine: start (load the model)",
+        "plugin-free engine: run 1 batch of 3", "plugin-free engine: time decode steps: idle vs steered, batch 3, 1 round",
+        "the plugin-free engine took ", "hotwire engine: start (load the model)", "hotwire engine: run 1 batch of 3",
         "hotwire engine: time decode", "compare", "done: pass"])
     assert not list((tmp_path / "tmp").glob("hotwire-*")), "verify left its temporary directory"
     assert "plugin       loaded" in report
@@ -35,9 +38,47 @@ def test_verify_reports_steering_fires_and_exact_batchmates(tiny_model, tmp_path
     assert "graphs       none (CPU: no CUDA graphs); dynamo compiles" in report
     assert "; all counts = plugin-free" in report
     assert "result       PASS" in report
+    assert "(wall clock, one round)" in report
     fields = json.loads((tmp_path / "report.json").read_text())
     assert fields["pass"] and fields["armed_layers"] == 4 and fields["layers"] == 4
     assert fields["graphs"]["equal_plugin_free"] and fields["ms"]["steered"] > 0
+
+
+def test_verify_stopped_by_sigterm_stops_its_engine_and_removes_its_directory(tiny_model, tmp_path):
+    """SIGTERM while the first engine starts: verify exits 143, its engine process is gone and
+    so is its ``hotwire-verify-*`` directory (job files, mailbox, compile cache)."""
+    env = engine_env(tmp_path)
+    proc = subprocess.Popen([sys.executable, "-m", "hotwire.control_api.cli", "verify", "--model",
+                             str(tiny_model), "--quick"], env=env, stdout=subprocess.DEVNULL,
+                            stderr=subprocess.PIPE, text=True)
+    try:
+        seen = []
+        for line in proc.stderr:
+            seen.append(line)
+            if "plugin-free engine: start" in line:
+                break
+        [work] = (tmp_path / "tmp").glob("hotwire-verify-*")
+        engines = _processes_naming(work)
+        assert engines, f"no engine process runs in {work}: {''.join(seen)}"
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(60) == 128 + signal.SIGTERM, proc.stderr.read()
+    finally:
+        proc.kill()
+        proc.wait()
+    assert not work.exists(), f"verify left {sorted(p.name for p in work.iterdir())}"
+    assert not _processes_naming(work), "verify left its engine running"
+
+
+def _processes_naming(path: Path) -> list[int]:
+    """Pids of live processes with ``path`` in their command line."""
+    found = []
+    for entry in Path("/proc").iterdir():
+        try:
+            if entry.name.isdigit() and str(path).encode() in (entry / "cmdline").read_bytes():
+                found.append(int(entry.name))
+        except OSError:
+            continue
+    return found
 
 
 def _assert_phases(stderr: str, tool: str, expected: list[str]) -> None:

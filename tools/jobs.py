@@ -13,7 +13,8 @@ Job::
                   "spec": <hotwire spec or null>, "logprobs": 0, "cache_salt": "...",
                   "after": [round, index]}, ...], ...],
      "graph_counts": false, "progress": false,
-     "timing": {"batch": 8, "steps": 64, "rounds": 3, "vocab": 1000, "spec": <spec for every request>}}
+     "timing": {"batch": 8, "steps": 64, "rounds": 3, "warmup": true, "vocab": 1000,
+                "spec": <spec for every request>}}
 
 Each round is one ``llm.generate`` call (one batch). A request with ``after`` is a follow-up turn:
 its prompt is that earlier request's prompt and answer, then its own ``prompt_token_ids``.
@@ -32,7 +33,8 @@ the plugin is absent, armed nothing, or runs without a mailbox).
 :func:`hotwire.tools.progress.mark` lines.
 
 ``timing`` measures decode step time in this one engine, idle and steered rounds alternating:
-(t(8 + steps tokens) - t(8 tokens)) / steps for one batch.
+(t(8 + steps tokens) - t(8 tokens)) / steps for one batch, after one unrecorded idle and steered
+measurement unless ``warmup`` is false.
 """
 
 from __future__ import annotations
@@ -114,7 +116,9 @@ def main(job_path: str, out_path: str) -> None:
         if snapshot:
             graphs.append(snapshot())
     if job.get("timing"):
-        phase(f"time decode steps: idle vs steered, batch {job['timing']['batch']}, {job['timing']['rounds']} rounds")
+        timed = job["timing"]["rounds"]
+        phase(f"time decode steps: idle vs steered, batch {job['timing']['batch']}, {timed} "
+              f"round{'s' if timed > 1 else ''}")
     timing = _timing(generate, job["timing"]) if job.get("timing") else None
     if snapshot and timing:
         graphs.append(snapshot())
@@ -161,7 +165,8 @@ def _timing(generate, t: dict) -> dict[str, list[float]]:
             times.append(time.perf_counter() - start)
         return (times[1] - times[0]) / t["steps"] * 1e3
 
-    step_ms(None), step_ms(t["spec"])  # warm-up
+    if t.get("warmup", True):
+        step_ms(None), step_ms(t["spec"])
     out: dict[str, list[float]] = {"idle_ms": [], "steered_ms": []}
     for _ in range(t["rounds"]):
         out["idle_ms"].append(step_ms(None))

@@ -23,8 +23,12 @@ class Progress:
         self.tool = tool
         self.start = time.perf_counter()
 
+    def elapsed(self) -> float:
+        """Seconds since the tool began."""
+        return time.perf_counter() - self.start
+
     def phase(self, text: str) -> None:
-        print(f"{self.tool} [{time.perf_counter() - self.start:6.1f} s] {text}", file=sys.stderr, flush=True)
+        print(f"{self.tool} [{self.elapsed():6.1f} s] {text}", file=sys.stderr, flush=True)
 
 
 def mark(text: str) -> None:

@@ -11,9 +11,14 @@ run and timing, then the comparison) is printed on stderr as it starts (:mod:`.p
 engines' files, their private vLLM compile cache included, live in a temporary directory removed
 at the end.
 
+The plan, with its decode steps and a time estimate, is printed first; ``--quick`` checks the
+same with a smaller batch and one short timing round (about a minute on a small model). Stopped
+by SIGTERM, SIGHUP or Ctrl-C, it stops its engine and removes its directory
+(:mod:`.signals`).
+
 Exit status: 0 all checks pass; 3 hotwire armed nothing (an architecture it cannot steer) and
-the engine served every request exactly like the plugin-free one; 1 anything else. (Not 2:
-argparse exits 2 on a usage error.)
+the engine served every request exactly like the plugin-free one; 1 anything else; 128 + the
+signal's number when stopped by one. (Not 2: argparse exits 2 on a usage error.)
 """
 
 from __future__ import annotations
@@ -26,13 +31,40 @@ import statistics
 import subprocess
 import sys
 import tempfile
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 
 from .progress import MARK, Progress
+from .signals import exit_on_signals
 
 NOT_ARMED = 3
+BATCH_TOKENS = 16  # greedy tokens per request of the checked batch (probe_batch)
+TIMED_PREFIX = 8  # tokens of the shorter call of each timed pair (jobs._timing)
+
+
+@dataclass(frozen=True)
+class Plan:
+    """How much verify runs per engine: the checked batch's size, then the timing rounds (each an
+    idle and an all-steered measurement of ``steps`` decode steps), after a warm-up pair or not."""
+
+    batch: int
+    steps: int
+    rounds: int
+    warmup: bool
+
+    def timed_calls(self) -> int:
+        """Measurements of decode step time per engine (each is two ``generate`` calls)."""
+        return 2 * self.rounds + (2 if self.warmup else 0)
+
+    def decode_steps(self) -> int:
+        """Decode steps per engine: the checked batch's, then every timed pair's."""
+        return BATCH_TOKENS + self.timed_calls() * (2 * TIMED_PREFIX + self.steps)
+
+
+FULL = Plan(batch=8, steps=64, rounds=3, warmup=True)
+QUICK = Plan(batch=4, steps=16, rounds=1, warmup=False)
 # Reduction configs chosen by rule, not by timing at first use: two plugin-free engines that time
 # them may already differ by a rounding step (benchmarks/determinism.py), which a comparison of a
 # hotwire engine with a plugin-free one would read as the plugin's doing.
@@ -43,9 +75,18 @@ def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--model", required=True, help="local model directory (weights or config.json + --dummy)")
     parser.add_argument("--dummy", action="store_true", help="random weights (load_format=dummy): config only")
     parser.add_argument("--scale", type=float, default=64.0, help="steering scale of the throwaway vector")
-    parser.add_argument("--batch", type=int, default=8)
-    parser.add_argument("--eager", action="store_true", help="enforce_eager (default: graphs + compile on GPU)")
-    parser.add_argument("--timing-steps", type=int, default=64, help="decode steps per timed call")
+    parser.add_argument("--quick", action="store_true",
+                        help=f"the same checks in about a minute on a small model: batch {QUICK.batch}, "
+                             f"one timing round of {QUICK.steps} decode steps, no warm-up (default: "
+                             f"batch {FULL.batch}, {FULL.rounds} rounds of {FULL.steps} after a warm-up)")
+    parser.add_argument("--batch", type=int,
+                        help=f"requests in the checked batch, request 0 steered (default {FULL.batch}; "
+                             f"--quick {QUICK.batch})")
+    parser.add_argument("--eager", action="store_true",
+                        help="enforce_eager on a GPU: no torch.compile, no CUDA graphs (faster to start; "
+                             "checks less). On CPU the engines always run eager")
+    parser.add_argument("--timing-steps", type=int,
+                        help=f"decode steps per timed call (default {FULL.steps}; --quick {QUICK.steps})")
     parser.add_argument("--quantization", help="vLLM quantization method, e.g. fp8 (online FP8 of a bf16 model)")
     parser.add_argument("--attention-backend", help="vLLM attention backend, e.g. TRITON_ATTN (default: vLLM's)")
     parser.add_argument("--engine-args", type=json.loads, default={},
@@ -75,13 +116,16 @@ def run_job(work: Path, name: str, job: dict, env: dict[str, str],
                              str(work / f"{name}.out.json")], env=env, stdout=subprocess.PIPE,
                             stderr=subprocess.STDOUT, text=True, errors="replace")
     kept = []
-    for line in proc.stdout:
-        if line.startswith(MARK):
-            if progress is not None:
-                progress.phase(f"{name} engine: {line[len(MARK):].strip()}")
-        else:
-            kept.append(line)
-    returncode = proc.wait()
+    try:
+        for line in proc.stdout:
+            if line.startswith(MARK):
+                if progress is not None:
+                    progress.phase(f"{name} engine: {line[len(MARK):].strip()}")
+            else:
+                kept.append(line)
+        returncode = proc.wait()
+    finally:
+        _stop(proc)
     log = "".join(kept)
     if returncode != 0:
         sys.stderr.write(log[-9000:])
@@ -91,6 +135,18 @@ def run_job(work: Path, name: str, job: dict, env: dict[str, str],
     return json.loads((work / f"{name}.out.json").read_text()), lines
 
 
+def _stop(proc: subprocess.Popen) -> None:
+    """End an engine process verify is leaving (stopped, or failed): SIGTERM, SIGKILL after 10 s."""
+    if proc.poll() is None:
+        proc.terminate()
+        try:
+            proc.wait(10)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+    proc.stdout.close()
+
+
 def probe_engine(batch: int, *, dummy: bool, eager: bool) -> dict:
     """The ``LLM(...)`` arguments verify runs its engines with (more are applied on top)."""
     return dict(max_model_len=512, max_num_seqs=max(8, batch), seed=0, skip_tokenizer_init=True,
@@ -98,10 +154,10 @@ def probe_engine(batch: int, *, dummy: bool, eager: bool) -> dict:
 
 
 def probe_batch(vocab: int, n: int, spec: dict | None = None) -> list[dict]:
-    """Verify's batch: ``n`` seeded random 24-token prompts, 16 greedy tokens with logprobs;
-    ``spec`` (if any) steers request 0 only."""
+    """Verify's batch: ``n`` seeded random 24-token prompts, :data:`BATCH_TOKENS` greedy tokens
+    with logprobs; ``spec`` (if any) steers request 0 only."""
     rng = np.random.default_rng(1)
-    return [{"prompt_token_ids": rng.integers(0, vocab, 24).tolist(), "max_tokens": 16, "logprobs": 0,
+    return [{"prompt_token_ids": rng.integers(0, vocab, 24).tolist(), "max_tokens": BATCH_TOKENS, "logprobs": 0,
              "spec": spec if i == 0 else None} for i in range(n)]
 
 
@@ -136,11 +192,32 @@ def _graphs(armed: list[dict], free: list[dict], no_graphs: bool) -> dict:
             "equal_plugin_free": same, "ok": same and unchanged and (no_graphs or captures > 0)}
 
 
+def plan_of(args: argparse.Namespace) -> Plan:
+    """The plan ``--quick`` picks, with ``--batch`` and ``--timing-steps`` over it."""
+    base = QUICK if args.quick else FULL
+    return Plan(batch=base.batch if args.batch is None else args.batch,
+                steps=base.steps if args.timing_steps is None else args.timing_steps,
+                rounds=base.rounds, warmup=base.warmup)
+
+
+def estimate(plan: Plan, gpu: bool) -> str:
+    """The plan and roughly how long it takes, printed before anything starts."""
+    where = ("on a GPU an engine's start includes its torch.compile and CUDA-graph capture, "
+             "about 1-2 min" if gpu else
+             "on CPU an engine starts in 10-40 s and a small model's decode step takes 10-100 ms "
+             "(SmolLM2-135M on 2 cores: about 3-6 min in all, --quick about 1 min)")
+    return (f"plan: 2 engines in turn (plugin-free, then hotwire), each: start, a batch of "
+            f"{plan.batch} requests, {plan.timed_calls()} timed calls; {plan.decode_steps()} decode "
+            f"steps per engine; {where}")
+
+
 def run(args: argparse.Namespace) -> int:
     progress = Progress("hotwire verify")
     progress.phase(f"read {args.model}, make the test vector")
-    # The engines' files (job files, vectors, mailbox, a private vLLM compile cache) go with it.
-    with tempfile.TemporaryDirectory(prefix="hotwire-verify-", ignore_cleanup_errors=True) as work:
+    # The engines' files (job files, vectors, mailbox, a private vLLM compile cache) go with it,
+    # also when a signal stops verify.
+    with exit_on_signals(), tempfile.TemporaryDirectory(prefix="hotwire-verify-",
+                                                        ignore_cleanup_errors=True) as work:
         return _verify(args, Path(work), progress)
 
 
@@ -159,7 +236,9 @@ def _verify(args: argparse.Namespace, work: Path, progress: Progress) -> int:
     (work / "vectors" / "verify.safetensors").write_bytes(
         encode_safetensors(_direction(model_dir, hidden, token).astype(np.float32)))
     gpu = torch.cuda.is_available()
-    engine = probe_engine(args.batch, dummy=args.dummy, eager=args.eager or not gpu)
+    plan = plan_of(args)
+    progress.phase(estimate(plan, gpu))
+    engine = probe_engine(plan.batch, dummy=args.dummy, eager=args.eager or not gpu)
     if not gpu:
         engine.update(dtype="float32", kv_cache_memory_bytes=256 * 2**20)
     if args.quantization:
@@ -168,7 +247,7 @@ def _verify(args: argparse.Namespace, work: Path, progress: Progress) -> int:
         engine["attention_backend"] = args.attention_backend
     engine.update(args.engine_args)
     spec = {"id": "verify", "layer": n_layers - 1, "scale": args.scale}
-    batch = probe_batch(vocab, args.batch, spec)
+    batch = probe_batch(vocab, plan.batch, spec)
     # A private vLLM cache: both engines compile cold, so their compile counts compare (an engine
     # loading an earlier run's compiled artifact would count none). The environment may override
     # STABLE_INDUCTOR.
@@ -176,8 +255,12 @@ def _verify(args: argparse.Namespace, work: Path, progress: Progress) -> int:
            "HOTWIRE_VECTORS": str(work / "vectors"), "HOTWIRE_MAILBOX": str(work / "engine.mbx"),
            "VLLM_CACHE_ROOT": str(work / "vllm-cache"), "VLLM_ENABLE_V1_MULTIPROCESSING": "0"}
     job = {"model": str(model_dir), "engine": engine, "rounds": [batch], "graph_counts": True,
-           "timing": {"batch": args.batch, "steps": args.timing_steps, "rounds": 3, "vocab": vocab, "spec": spec}}
+           "timing": {"batch": plan.batch, "steps": plan.steps, "rounds": plan.rounds,
+                      "warmup": plan.warmup, "vocab": vocab, "spec": spec}}
+    started = progress.elapsed()
     free, _ = run_job(work, "plugin-free", {**job, "plugin": False}, env, progress)
+    progress.phase(f"the plugin-free engine took {progress.elapsed() - started:.0f} s; the hotwire "
+                   "engine runs the same")
     armed, log = run_job(work, "hotwire", {**job, "plugin": True}, env, progress)
     progress.phase("compare the hotwire engine with the plugin-free one")
     got, want = armed["rounds"][0], free["rounds"][0]
@@ -206,12 +289,12 @@ def _verify(args: argparse.Namespace, work: Path, progress: Progress) -> int:
         "quantization": args.quantization, "attention_backend": args.attention_backend,
         "plugin_loaded": loaded, "armed": is_armed, "armed_layers": len(armed["armed"]),
         "fires": fires if is_armed else None, "batchmates_exact": exact, "all_exact": got == want, "diff": diff,
-        "graphs": graphs, "ms": ms, "spec": spec, "log": log,
+        "graphs": graphs, "ms": ms, "timing_rounds": plan.rounds, "spec": spec, "log": log,
         "status": {0: "pass", NOT_ARMED: "not armed", 1: "fail"}[status], "pass": status == 0,
     }
     if args.json:
         args.json.write_text(json.dumps(report, indent=1))
-    print(_text(report, args.batch, cpu=not gpu), flush=True)
+    print(_text(report, plan.batch, cpu=not gpu), flush=True)
     progress.phase(f"done: {report['status']}")
     return status
 
@@ -237,6 +320,7 @@ def _text(r: dict, batch: int, cpu: bool) -> str:
     graphs += f"; dynamo compiles {g['compiles']}; "
     graphs += "all counts = plugin-free" if g["equal_plugin_free"] else "counts DIFFER from plugin-free"
     ms = r["ms"]
+    rounds = f"medians of {r['timing_rounds']}" if r["timing_rounds"] > 1 else "one round"
     mode = ", ".join([r["mode"]] + [f"{label} {r[k]}" for k, label in (("quantization", "quantization"),
                                                                        ("attention_backend", "attention")) if r[k]])
     return f"""
@@ -251,6 +335,6 @@ steering     {steering}
 batchmates   {mates}
 graphs       {graphs}
 decode step  plugin-free {ms['plugin_free']:.3f} ms, idle {ms['idle']:.3f} ms, all {batch} steered \
-{ms['steered']:.3f} ms (wall clock, medians of 3)
+{ms['steered']:.3f} ms (wall clock, {rounds})
 result       {r['status'].upper()}
 ---------------------------------------------------------------------------"""
