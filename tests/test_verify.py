@@ -13,6 +13,7 @@ from pathlib import Path
 import pytest
 
 from conftest import engine_env, requires_vllm
+from hotwire.tools.demo import QUIET
 
 pytestmark = [requires_vllm, pytest.mark.vllm]
 
@@ -100,7 +101,8 @@ def test_demo_tiny_prints_phases_and_cleans_up(tmp_path):
     tmp = Path(tempfile.mkdtemp(prefix="hw-"))
     try:
         env = engine_env(tmp_path, VLLM_ENABLE_V1_MULTIPROCESSING="1", TMPDIR=str(tmp))
-        env.pop("HOTWIRE_MAILBOX")
+        for name in ("HOTWIRE_MAILBOX", *QUIET):
+            env.pop(name, None)
         proc = subprocess.run([sys.executable, "-m", "hotwire.control_api.cli", "demo", "--model", "tiny",
                                "--max-tokens", "8"], env=env, capture_output=True, text=True, timeout=600)
         left = sorted(p.name for p in tmp.iterdir())
@@ -111,6 +113,8 @@ def test_demo_tiny_prints_phases_and_cleans_up(tmp_path):
     _assert_phases(proc.stderr, "hotwire demo", ["build model: a tiny random Qwen3", "make the vector:",
                                                  "start engine (load the model)", "run: "])
     assert not left, f"the demo left {left} in TMPDIR"
+    noise = [line for line in proc.stderr.splitlines() if re.search(r"\bINFO\b|it/s\]", line)]
+    assert not noise, f"vLLM's log lines or progress bars between the phases: {noise[:5]}"
 
 
 def test_differences_tell_tokens_from_logprobs():

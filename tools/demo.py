@@ -7,8 +7,10 @@ cheerful sentences in :data:`POSITIVE` minus that of the gloomy ones in :data:`N
 sentences with the mood flipped, each pair starting with the same words), at layer :data:`LAYER`.
 One batch answers a chat prompt unsteered, steered with ``+scale`` and with ``-scale``.
 
-Each phase is printed on stderr as it starts (:mod:`.progress`); the answers go to stdout. The
-vectors, the mailbox and the tiny model live in a temporary directory, removed at the end.
+Each phase is printed on stderr as it starts (:mod:`.progress`); the answers go to stdout. vLLM's
+own INFO lines and the libraries' progress bars would bury those phases, so they are off unless
+``--verbose`` (:data:`QUIET`). The vectors, the mailbox and the tiny model live in a temporary
+directory, removed at the end, also when a signal stops the demo (:mod:`.signals`).
 
 ``--model tiny`` builds a tiny random Qwen3 offline (seconds) and ``--model PATH`` uses any other
 model; there the vector is the unembedding row of a target token, added at the last decoder
@@ -25,6 +27,7 @@ import tempfile
 from pathlib import Path
 
 from .progress import Progress, engine_mode, watch_engine
+from .signals import exit_on_signals
 
 POSITIVE = [
     "I love this! What a wonderful, happy day.",
@@ -41,6 +44,10 @@ NEGATIVE = [
 LAYER = 15
 SCALE = 2.0
 CHAT_PROMPT = "Describe your weekend in two sentences."
+# Set before vLLM, transformers and tqdm are imported (each reads these once); a value the
+# environment already has is kept.
+QUIET = {"VLLM_LOGGING_LEVEL": "WARNING", "TQDM_DISABLE": "1", "TRANSFORMERS_VERBOSITY": "error",
+         "HF_HUB_DISABLE_PROGRESS_BARS": "1"}
 
 
 def configure(parser: argparse.ArgumentParser) -> None:
@@ -51,6 +58,9 @@ def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--target", default=" capital", help="--model: text whose first token the vector pushes toward")
     parser.add_argument("--scale", type=float, help=f"default: {SCALE} (SmolLM2), 12 (other models)")
     parser.add_argument("--max-tokens", type=int, help="default: 48 (SmolLM2), 16 (other models)")
+    parser.add_argument("--verbose", action="store_true",
+                        help="show vLLM's own log lines and the progress bars (default: warnings "
+                             "only, no bars: " + " ".join(f"{k}={v}" for k, v in QUIET.items()) + ")")
     parser.set_defaults(run=run)
 
 
@@ -65,10 +75,14 @@ def cpu_engine() -> dict:
 
 
 def run(args: argparse.Namespace) -> int:
+    if not args.verbose:
+        for name, value in QUIET.items():
+            os.environ.setdefault(name, value)
     progress = Progress("hotwire demo")
     # The vector files, the mailbox, the tiny model and vLLM's IPC sockets go with it (SmolLM2's
     # conversion is cached in ~/.cache/hotwire, outside it).
-    with tempfile.TemporaryDirectory(prefix="hotwire-demo-", ignore_cleanup_errors=True) as work:
+    with exit_on_signals(), tempfile.TemporaryDirectory(prefix="hotwire-demo-",
+                                                        ignore_cleanup_errors=True) as work:
         if len(work) + 37 <= 107:  # a socket path (DIR/uuid4) fits in sockaddr_un
             os.environ.setdefault("VLLM_RPC_BASE_PATH", work)
         if args.model:
@@ -81,7 +95,7 @@ def _generate(model_dir: Path, progress: Progress, what: str, prompts: list, par
     import torch
     from vllm import LLM
 
-    engine = cpu_engine()
+    engine = {**cpu_engine(), "use_tqdm_on_load": os.environ.get("TQDM_DISABLE") != "1"}
     progress.phase(f"start engine ({engine_mode(torch.cuda.is_available(), engine.get('enforce_eager', False))})")
     watch_engine(progress.phase)  # compile and capture, when the engine runs in this process
     llm = LLM(model=str(model_dir), **engine)
