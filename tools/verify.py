@@ -12,7 +12,7 @@ engines' files, their private vLLM compile cache included, live in a temporary d
 at the end.
 
 The plan, with its decode steps and a time estimate, is printed first; ``--quick`` checks the
-same with a smaller batch and one short timing round (about a minute on a small model). Stopped
+same with a smaller batch and one short timing round. Stopped
 by SIGTERM, SIGHUP or Ctrl-C, it stops its engine and removes its directory
 (:mod:`.signals`).
 
@@ -204,8 +204,9 @@ def estimate(plan: Plan, gpu: bool) -> str:
     """The plan and roughly how long it takes, printed before anything starts."""
     where = ("on a GPU an engine's start includes its torch.compile and CUDA-graph capture, "
              "about 1-2 min" if gpu else
-             "on CPU an engine starts in 10-40 s and a small model's decode step takes 10-100 ms "
-             "(SmolLM2-135M on 2 cores: about 3-6 min in all, --quick about 1 min)")
+             "on CPU an engine starts in 10-40 s and a decode step of a small model takes 0.05-1 s "
+             "(SmolLM2-135M on 2 cores shared with other jobs: 6-7 min with --quick, over 10 min "
+             "without)")
     return (f"plan: 2 engines in turn (plugin-free, then hotwire), each: start, a batch of "
             f"{plan.batch} requests, {plan.timed_calls()} timed calls; {plan.decode_steps()} decode "
             f"steps per engine; {where}")
