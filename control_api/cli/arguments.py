@@ -5,9 +5,9 @@ from __future__ import annotations
 import argparse
 import math
 
+from hotwire.shared.importers.result import F32_MAX
 from hotwire.shared.spec import ID_PATTERN, layer_ranges, valid_id
 
-F32_MAX = 3.4028234663852886e38  # the largest finite float32
 MAX_FEATURES = 4096  # an import of more features than an engine has slots is a typo
 
 
