@@ -20,7 +20,7 @@ import psycopg
 import pytest
 from pydantic import SecretStr
 
-from hotwire.control_api.store.records import StaleGeneration, VectorExists
+from hotwire.control_api.store.records import CatalogFull, StaleGeneration, VectorExists
 from hotwire.control_api.store.sqlite import Catalog
 from hotwire.control_api.store.postgres import PostgresCatalog
 from hotwire.control_api.store.replica_board import ReplicaResidence, Residence
@@ -132,6 +132,31 @@ def test_backends_keep_one_contract(open_catalog):
     np.testing.assert_array_equal(again.load("c"), flat)
     assert again.put("d", flat, dtype="float32", layers=None, pinned=False,
                      metadata={}).generation == 2
+
+
+def test_a_full_disk_on_the_database_server_is_storage_full_and_changes_nothing(dsn):
+    """The server refuses a write for want of space with SQLSTATE 53100 (``disk_full``, "could not
+    extend file"; raised here by a trigger, as the server raises it): that is 507 storage_full with
+    nothing changed, not 503 catalog_unavailable, and the next write goes through."""
+    catalog = PostgresCatalog(dsn)
+    try:
+        v = exact_vector(H, seed=5)
+        before = catalog.put("a", v, dtype="float32", layers=None, pinned=False, metadata={})
+        with psycopg.connect(dsn, autocommit=True) as conn:
+            conn.execute("CREATE FUNCTION full_disk() RETURNS trigger LANGUAGE plpgsql AS $$ BEGIN "
+                         "RAISE EXCEPTION 'could not extend file: No space left on device' "
+                         "USING ERRCODE = 'disk_full'; END $$")
+            conn.execute("CREATE TRIGGER full_disk BEFORE INSERT OR UPDATE ON hotwire_vectors "
+                         "FOR EACH ROW EXECUTE FUNCTION full_disk()")
+            for vector_id in ("a", "b"):
+                with pytest.raises(CatalogFull) as raised:
+                    catalog.put(vector_id, 2 * v, dtype="float32", layers=None, pinned=False, metadata={})
+                assert raised.value.code == "storage_full" and "No space left" in raised.value.message
+            conn.execute("DROP TRIGGER full_disk ON hotwire_vectors")
+        assert catalog.records() == {"a": before} and catalog.high_water("b") is None
+        assert catalog.put("b", v, dtype="float32", layers=None, pinned=False, metadata={}).generation == 1
+    finally:
+        catalog.close()
 
 
 def test_two_catalogs_on_one_database_follow_each_other(dsn, pg):

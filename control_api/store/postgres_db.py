@@ -20,6 +20,7 @@ import psycopg
 from psycopg.conninfo import conninfo_to_dict
 
 from ..errors import Unavailable
+from .records import CatalogFull
 
 log = logging.getLogger("hotwire.control_api")
 
@@ -143,7 +144,10 @@ class Database:
     def run(self, body: Callable[[psycopg.Connection], T], transaction: bool = False) -> T:
         """Run ``body`` on the writer connection, once more on a new one if the first died
         before committing (a server restart shows only on first use); else ``Unavailable``.
-        While :attr:`problem` is set, ``Unavailable`` at once."""
+        While :attr:`problem` is set, ``Unavailable`` at once. A write the server refused for
+        want of space (SQLSTATE 53100 ``disk_full``: "could not extend file") is
+        :class:`.records.CatalogFull`, rolled back, the connection kept: the database is
+        reachable, retrying elsewhere would not help."""
         self.require_reachable()
         with self._lock:
             for attempt in range(2):
@@ -156,6 +160,8 @@ class Database:
                         result = body(conn)
                         committing = True
                     return result
+                except psycopg.errors.DiskFull as e:
+                    raise CatalogFull(f"the catalog database {self.where}", " ".join(str(e).split())) from e
                 except psycopg.OperationalError as e:
                     if self._writer is not None:
                         self._writer.close()
