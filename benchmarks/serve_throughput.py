@@ -5,7 +5,8 @@ Why: the served target is output tokens/s with hotwire loaded and 50 % of the re
 the ratio narrower than 1 % and on one side of 0.99. A server armed only on the two layers the
 requests steer splits the cost of arming every layer (one kernel per armed layer per step) from the
 rest, and an eager-mode hotwire server gives the contrast (``--enforce-eager``: no torch.compile, no
-CUDA graphs, what hook-based steering pays). Separate server processes on the lent H200 differ by
+CUDA graphs, what hook-based steering pays), as does the plugin this one grew out of (hotwire-vllm
+0.1.2 from PyPI, ``original``). Separate server processes on the lent H200 differ by
 up to 30 % from one start to the next, so the servers run side by side in one run and every ratio
 pairs two windows measured back to back. Rounds that timed a fixed set of requests from first send
 to last answer scattered by 5-12 % (ramp-up and tail), so the intervals straddled 0.99; this
@@ -17,19 +18,27 @@ How:
   dies fails the run at once, with its log tail): ``plugin_free`` (``VLLM_PLUGINS=none``; checked to
   create no mailbox), ``hotwire`` (the plugin loaded through its entry point, 256 random startup
   vectors from ``HOTWIRE_VECTORS``, its own ``HOTWIRE_MAILBOX``, every layer armed), ``hotwire_2``
-  (the same, ``HOTWIRE_LAYERS`` = the two steered layers) and ``eager`` (hotwire with
-  ``--enforce-eager``), as ``--servers`` lists them. GPU: a Qwen3 shape (``write_config``),
-  ``--load-format dummy``, bf16, ``TRITON_ATTN``, ``--skip-tokenizer-init`` (prompts are token ids;
-  vLLM returns token ids without detokenizing, which suits a dummy model's arbitrary ids), vLLM's
-  default torch.compile and CUDA graphs. Each server is pinned to its own ``SERVER_CORES`` physical
-  cores and the load generator to the rest (``cpu_plan``; skipped when the CPUs are too few, and
-  within ``taskset`` when run under it). The servers share one GPU: each gets
-  ``--gpu-memory-utilization 0.25`` and an explicit ``--kv-cache-memory-bytes`` (room for every
-  request at the largest concurrency, so nothing is preempted).
+  (the same, ``HOTWIRE_LAYERS`` = the two steered layers), ``eager`` (hotwire with
+  ``--enforce-eager``) and ``original`` (hotwire-vllm 0.1.2 installed in ``--original-site``, run
+  alone: ``original_plugin.py`` says why that takes more than ``PYTHONPATH``, and checks with vLLM's
+  own plugin loader that it loads exactly that plugin; the startup vectors as ``.pt`` files,
+  ``HOTWIRE_SLOTS`` = the distinct entries of the spec pool, 256), as ``--servers`` lists them.
+  GPU: a Qwen3 shape (``write_config``), ``--load-format dummy``, bf16, ``TRITON_ATTN``,
+  ``--skip-tokenizer-init`` (prompts are token ids; vLLM returns token ids without detokenizing,
+  which suits a dummy model's arbitrary ids), vLLM's default torch.compile and CUDA graphs. Each
+  server is pinned to its own ``SERVER_CORES`` physical cores and the load generator to the rest
+  (``cpu_plan``; skipped when the CPUs are too few, and within ``taskset`` when run under it). The
+  servers share one GPU: each gets ``--gpu-memory-utilization 0.25`` and an explicit
+  ``--kv-cache-memory-bytes`` (room for every request at the largest concurrency, so nothing is
+  preempted).
 * Load: ``/v1/completions`` with random token-id prompts (128 tokens), ``max_tokens`` uniform in
   64-192 (each slot's first request the rest of one under way: the load starts in its steady
   state, ``serving.bodies``), ``ignore_eos``, greedy; every other request carries ``"vllm_xargs": {"hotwire": spec}``
-  (``--steered-fraction``) with two entries, on layers n/3 and 2n/3, each its own vector and scale.
+  (``--steered-fraction``) with two entries, on layers n/3 and 2n/3, each its own vector and scale;
+  with ``original`` among the servers, the specs of the first ``ORIGINAL_POOL`` (128) requests of
+  the stream, in turn (``serving.bodies``: ``pool``; the JSON's ``spec_pool``), since the original
+  keeps a slot for every distinct (id, layer, scale) for good and leaves an entry it cannot hold
+  unsteered.
   A closed loop keeps exactly C requests in flight, spread over ``--client-processes`` processes
   (asyncio + httpx each). Every server of a round is sent the same request sequence (a plugin-free
   server ignores the spec).
@@ -59,7 +68,12 @@ How:
   ``usage.completion_tokens == max_tokens`` (a dropped connection is re-sent up to twice and
   counted, ``resent``; a failed run prints every server's log tail); per window, after the server
   went idle, each hotwire server's mailbox counters count at least the steered requests that
-  completed and at most those sent, and no ``unsteered_*`` refusal; no preemption.
+  completed and at most those sent, and no ``unsteered_*`` refusal; no preemption. At start and at
+  the end, every server that steers answers one greedy request steered otherwise than unsteered, and
+  unsteered as plugin-free does (but ``eager``, whose kernels differ): ``serving.probe_steering``,
+  the answers in the JSON's ``steering_probe``. The original has no counters: it warns on stderr of
+  every entry it leaves unsteered (bank full, unknown id, malformed spec, a failed fill), and such a
+  line in its log fails the run (``original_plugin.LogWatch``, read after every window).
 
 The JSON (``--out``) is rewritten after every round, so a time-out keeps what was measured.
 Run time: start-up (~2 min at 0.6B on the H200, the servers in parallel) plus, per server window,
@@ -67,10 +81,18 @@ Run time: start-up (~2 min at 0.6B on the H200, the servers in parallel) plus, p
 windows) takes ~32 s, so the default budget (450 s) fits a warm-up and ~4 rounds at each of 64 and
 256 in flight; give one concurrency the whole budget for more.
 An ``eager`` server steps ~50 ms on the H200 (``decode.py``): give it a longer settle.
+A third server makes a round six windows (~48 s).
 ``--smoke`` runs the tiny random model on CPU (fp32, eager, small lengths and concurrency): it
-checks the script end to end; its numbers mean nothing.
+checks the script end to end; its numbers mean nothing. It refuses ``original``: the original
+cannot steer on CPU (``original_plugin.py``).
+
+The original, on a machine without network (``h200.sh serve`` installs it from there when present):
+
+    pip download hotwire-vllm==0.1.2 --no-deps -d .device/extra      # here; the folder travels
+    pip install --no-deps --no-index --target /tmp/hotwire-vllm-0.1.2 .device/extra/hotwire_vllm-0.1.2-py3-none-any.whl
 
     python benchmarks/serve_throughput.py --shape qwen3-0.6b --out benchmarks/results/h200-DATE-serve-qwen3-0.6b.json
+    python benchmarks/serve_throughput.py --servers hotwire original --original-site /tmp/hotwire-vllm-0.1.2 --out OUT.json
     python benchmarks/serve_throughput.py --smoke --out /tmp/serve-smoke.json   # CPU, end to end only
 """
 
@@ -87,36 +109,87 @@ from importlib.metadata import version
 from pathlib import Path
 
 import httpx
+import numpy as np
 
+import original_plugin
 from hotwire.tools.tiny_model import benchmark_model, steered_layers
 from serving import (SERVER_CORES, Load, Server, add_common_args, check_steering, cpu_plan, engine_args, median,
-                     median_ci, running, snapshot, start_run, verdict, wait_ready, window_row, write_vectors)
+                     median_ci, pool_entries, probe_steering, running, snapshot, start_run, startup_vectors,
+                     steer_spec, verdict, wait_ready, window_row, write_vectors)
 
 TARGET = 0.99
 MIN_ROUNDS = 5  # fewer rounds' bootstrap interval is too narrow to trust: "unresolved"
 RESOLVED_WIDTH = 0.01  # the target asks for a 95 % interval narrower than this
-GPU_MEMORY_UTILIZATION = 0.25  # per server; up to four share the GPU
-SERVERS = {  # name: (plugin loaded, --enforce-eager, armed only on the steered layers)
-    "plugin_free": (False, False, False),
-    "hotwire": (True, False, False),
-    "hotwire_2": (True, False, True),
-    "eager": (True, True, False),
+GPU_MEMORY_UTILIZATION = 0.25  # per server: what vLLM checks is free at its start (the KV cache is sized)
+SERVERS = {  # name: (hotwire loaded, --enforce-eager, armed only on the steered layers, the original instead)
+    "plugin_free": (False, False, False, False),
+    "hotwire": (True, False, False, False),
+    "hotwire_2": (True, False, True, False),
+    "eager": (True, True, False, False),
+    "original": (False, False, False, True),
 }
+CONTRASTS = ("eager", "original")  # reported beside plugin-free; the target is on the others
+ORIGINAL_POOL = 128  # specs the steered requests draw from when the original runs: 256 slots
+PROBE_TOKENS = 16
 HOST_FIELDS = ("host_us_per_step", "steady_us_per_step", "changed_us_per_step", "core_us_per_step",
                "schedule_us_per_step", "batch_us_per_step", "hotwire_host_share", "heartbeat_cpu_share")
 
 
-def _server(name: str, work: Path, model: Path, engine: dict, steered: str, cpus: list[int] | None) -> Server:
-    plugin, eager, two = SERVERS[name]
+def _server(name: str, work: Path, model: Path, engine: dict, steered: str, cpus: list[int] | None,
+            original: dict[str, str] | None) -> Server:
+    plugin, eager, two, orig = SERVERS[name]
+    if orig:
+        return Server(name, work, model, engine, plugin=False, vectors=work / "vectors-pt", cpus=cpus, env=original)
     return Server(name, work, model, {**engine, "enforce_eager": True} if eager else engine, plugin=plugin,
                   vectors=work / "vectors", cpus=cpus, env={"HOTWIRE_LAYERS": steered} if two else None)
 
 
+def _original(args: argparse.Namespace, names: list[str], work: Path, layers: tuple[int, int],
+              hidden: int) -> tuple[dict[str, str] | None, dict | None]:
+    """The original's server environment and what the JSON records of it (None, None without it):
+    refused on CPU, checked to load exactly that plugin, its vectors written as ``.pt``."""
+    if "original" not in names:
+        if args.original_site is not None:
+            raise SystemExit("--original-site given, but original is not among --servers")
+        return None, None
+    if args.smoke:
+        raise SystemExit("--servers original needs a CUDA GPU: hotwire-vllm 0.1.2 steers with a Triton kernel, "
+                         "and on vLLM's CPU runner its model patch never runs (original_plugin.py)")
+    if args.original_site is None:
+        raise SystemExit(f"--servers original needs --original-site DIR: pip install --no-deps --target DIR "
+                         f"{original_plugin.WHEEL}")
+    site = args.original_site
+    installed = original_plugin.installed_version(site)
+    env = original_plugin.server_env(site, work)
+    original_plugin.check_plugins(env, site)
+    original_plugin.write_pt_vectors(work / "vectors-pt", startup_vectors(hidden))
+    slots = len(pool_entries(ORIGINAL_POOL, layers))
+    return {**env, "HOTWIRE_SLOTS": str(slots)}, {
+        "site": str(site), "version": installed, "entry_point": original_plugin.ENTRY, "slots": slots}
+
+
+def _probe(servers: list[Server], client: httpx.Client, layers: tuple[int, int], vocab: int,
+           prompt_len: int) -> dict:
+    """``serving.probe_steering`` on every server that steers (unsteered answers compared with
+    plugin-free's where the engine flags are the same: not the eager one)."""
+    steering = [s for s in servers if SERVERS[s.name][0] or SERVERS[s.name][3]]
+    exact = {s.name for s in steering if not SERVERS[s.name][1]}
+    prompt = np.random.default_rng(7).integers(10, vocab - 10, prompt_len).tolist()
+    return probe_steering(servers[0], steering, exact, client, prompt, steer_spec(0, layers), PROBE_TOKENS)
+
+
+def _check_log(server: Server, watches: dict) -> None:
+    """The original's log holds none of its warnings that an entry ran unsteered."""
+    if server.name in watches and (failed := watches[server.name].failures()):
+        raise SystemExit(f"{server.name}: the original left entries unsteered:\n" + "\n".join(failed[:20]))
+
+
 def _window(load: Load, server: Server, client: httpx.Client, concurrency: int, make: dict,
-            args: argparse.Namespace, pending: dict) -> dict:
+            args: argparse.Namespace, pending: dict, watches: dict) -> dict:
     """One window on one server (see the module's docstring). Its steering check waits for a
     heartbeat published after the server went idle: it runs at the server's next window (by then
-    another server's window has usually passed), or at the end (``_check_pending``)."""
+    another server's window has usually passed), or at the end (``_check_pending``); the original's
+    log is read once the server is idle."""
     before = _check_pending(server, pending) if server.plugin else None
     deadline = time.time() + args.settle_s + args.window_s + 120  # the processes' own stop, should this one hang
     load.start(server.url, concurrency, make, deadline)
@@ -133,6 +206,7 @@ def _window(load: Load, server: Server, client: httpx.Client, concurrency: int, 
         raise SystemExit(f"{server.name}: {row['preemptions']} preemptions: the KV cache is too small")
     if server.plugin:
         pending[server.name] = (row, before, sent, time.time_ns())
+    _check_log(server, watches)
     return row
 
 
@@ -181,9 +255,9 @@ def _summary(samples: list[dict], concurrency: list[int], names: list[str]) -> l
             row[f"{n}_over_plugin_free_ci95"] = ci
             row[f"{n}_over_plugin_free_ci_width"] = round(ci[1] - ci[0], 4)
             row[f"{n}_resolved"] = ci[1] - ci[0] < RESOLVED_WIDTH
-        # the target is on compiled hotwire servers; eager is the contrast
+        # the target is on compiled hotwire servers; eager and the original are the contrasts
         row["target"] = {n: verdict(row[f"{n}_over_plugin_free_ci95"], TARGET, at_least=True)
-                         if len(full) >= MIN_ROUNDS else "unresolved" for n in names[1:] if n != "eager"}
+                         if len(full) >= MIN_ROUNDS else "unresolved" for n in names[1:] if n not in CONTRASTS}
         rows.append(row)
     return rows
 
@@ -233,8 +307,10 @@ def _markdown(rows: list[dict], names: list[str]) -> str:
         verdicts = [f"{n}/plugin-free {r[f'{n}_over_plugin_free']:.4f} [{r[f'{n}_over_plugin_free_ci95'][0]:.4f}-"
                     f"{r[f'{n}_over_plugin_free_ci95'][1]:.4f}] (width {r[f'{n}_over_plugin_free_ci_width']:.4f}"
                     f"{'' if r[f'{n}_resolved'] else ', not below 0.01'}): {v}" for n, v in r["target"].items()]
-        out.append(f"C={r['concurrency']} (target >= {TARGET}, {r['rounds']} rounds): " + "; ".join(verdicts) +
-                   (f"; eager/plugin-free {r['eager_over_plugin_free']:.4f}" if "eager" in names else ""))
+        contrasts = [f"{n}/plugin-free {r[f'{n}_over_plugin_free']:.4f} [{r[f'{n}_over_plugin_free_ci95'][0]:.4f}-"
+                     f"{r[f'{n}_over_plugin_free_ci95'][1]:.4f}]" for n in CONTRASTS if n in names]
+        out.append(f"C={r['concurrency']} (target >= {TARGET}, {r['rounds']} rounds): " +
+                   "; ".join(verdicts + contrasts))
     return "\n".join(out)
 
 
@@ -249,6 +325,9 @@ def main() -> None:
     ap.add_argument("--settle-s", type=float, default=2.0, help="load before a window starts (default 2)")
     ap.add_argument("--servers", nargs="+", choices=list(SERVERS), default=["plugin_free", "hotwire"],
                     help="servers side by side (plugin_free is always one: the ratios are on it)")
+    ap.add_argument("--original-site", type=Path,
+                    help=f"folder holding {original_plugin.DIST} {original_plugin.VERSION} (pip install --no-deps "
+                         "--target), for --servers original")
     add_common_args(ap)
     args = ap.parse_args()
     gpu = start_run(args.smoke)
@@ -259,16 +338,18 @@ def main() -> None:
     lengths = (max_tokens // 2, max_tokens + max_tokens // 2)
     work = Path(tempfile.mkdtemp(prefix="hotwire-serve-"))
 
+    names = ["plugin_free"] + [n for n in dict.fromkeys(args.servers) if n != "plugin_free"]
     model, shape_name = benchmark_model(work, args.shape, args.smoke)
     shape = json.loads((model / "config.json").read_text())
+    layers = steered_layers(shape["num_hidden_layers"])
+    original_env, original = _original(args, names, work, layers, shape["hidden_size"])
+    pool = ORIGINAL_POOL if original else None
     write_vectors(work / "vectors", shape["hidden_size"])
     engine = engine_args(shape, args.smoke, max(concurrency), prompt_len, max_tokens, GPU_MEMORY_UTILIZATION)
-    names = ["plugin_free"] + [n for n in dict.fromkeys(args.servers) if n != "plugin_free"]
-    layers = steered_layers(shape["num_hidden_layers"])
     plan = None if args.smoke else cpu_plan([SERVER_CORES] * len(names), args.client_processes)
     if plan is not None:
         os.sched_setaffinity(0, plan[1])  # this process and the load generator's, which inherit it
-    servers = [_server(n, work, model, engine, ",".join(map(str, layers)), plan and plan[0][i])
+    servers = [_server(n, work, model, engine, ",".join(map(str, layers)), plan and plan[0][i], original_env)
                for i, n in enumerate(names)]
 
     result = {"command": " ".join([Path(sys.executable).name] + sys.argv), "date": time.strftime("%Y-%m-%d %H:%M"),
@@ -277,7 +358,7 @@ def main() -> None:
               "engine": engine, "servers": names, "concurrency": concurrency, "max_rounds": rounds,
               "window_s": args.window_s, "settle_s": args.settle_s, "budget_s": args.budget_s,
               "prompt_len": prompt_len, "max_tokens_range": lengths, "steered_fraction": args.steered_fraction,
-              "client_processes": args.client_processes,
+              "spec_pool": pool, "original": original, "client_processes": args.client_processes,
               "cpus": None if plan is None else {**{n: plan[0][i] for i, n in enumerate(names)}, "clients": plan[1]},
               "env": {k: os.environ[k] for k in ("VLLM_USE_V2_MODEL_RUNNER",) if k in os.environ},
               "phases_s": {}, "stopped_by": {}, "samples": []}
@@ -285,22 +366,26 @@ def main() -> None:
     print(f"work dir (server logs): {work}", flush=True)
     load = Load(args.client_processes)
     pending: dict = {}
+    watches = {s.name: original_plugin.LogWatch(s.log) for s in servers if SERVERS[s.name][3]}
     client = httpx.Client(timeout=30)
     with running(servers, load, client):
         for s in servers:
             s.start()
         result["startup_s"] = wait_ready(servers, t0)
         result["vllm"] = client.get(servers[0].url + "/version").json().get("version")
+        result["steering_probe"] = {"start": _probe(servers, client, layers, shape["vocab_size"], prompt_len)}
+        for s in servers:
+            _check_log(s, watches)
         result["phases_s"]["startup"] = round(time.monotonic() - t0, 1)
         print(f"startup: {result['phases_s']['startup']:.0f} s (vLLM {result['vllm']})", flush=True)
         deadline = t0 + args.budget_s
         for i, c in enumerate(concurrency):
             c_end = time.monotonic() + (deadline - time.monotonic()) / (len(concurrency) - i)
             make = dict(vocab=shape["vocab_size"], layers=layers, fraction=args.steered_fraction,
-                        prompt_len=prompt_len, max_tokens=lengths)
+                        prompt_len=prompt_len, max_tokens=lengths, pool=pool)
             t = time.monotonic()
             for s in servers:
-                row = _window(load, s, client, c, {**make, "seed": 10_000 + c}, args, pending)
+                row = _window(load, s, client, c, {**make, "seed": 10_000 + c}, args, pending, watches)
                 result["samples"].append({"concurrency": c, "round": -1, "server": s.name, **row})
                 print(f"C={c} warm-up {s.name}: {row['tokens_per_s']:.0f} tok/s", flush=True)
             result["phases_s"][f"c{c}_warmup"] = round(time.monotonic() - t, 1)
@@ -315,7 +400,7 @@ def main() -> None:
                 order = order + order[::-1]  # A B B A: each server once after the other, once after itself
                 rows: dict[str, list[dict]] = {}
                 for s in order:
-                    w = _window(load, s, client, c, {**make, "seed": 1000 * c + r}, args, pending)
+                    w = _window(load, s, client, c, {**make, "seed": 1000 * c + r}, args, pending, watches)
                     rows.setdefault(s.name, []).append(w)
                     result["samples"].append({"concurrency": c, "round": r, "server": s.name, **w})
                 result["rows"] = _summary(result["samples"], concurrency, names)
@@ -332,6 +417,9 @@ def main() -> None:
         for s in servers:
             if s.name in pending:
                 _check_pending(s, pending)
+        result["steering_probe"]["end"] = _probe(servers, client, layers, shape["vocab_size"], prompt_len)
+        for s in servers:
+            _check_log(s, watches)
     result["phases_s"]["total"] = round(time.monotonic() - t0, 1)
     result["rows"] = _summary(result["samples"], concurrency, names)
     args.out.write_text(json.dumps(result, indent=1))

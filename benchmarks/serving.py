@@ -117,9 +117,9 @@ class Server(Managed):
                  cpus: list[int] | None, env: dict[str, str] | None = None):
         base = {k: v for k, v in os.environ.items() if not k.startswith("HOTWIRE_") and k != "VLLM_PLUGINS"}
         self.mailbox = work / f"{name}.mbx"
-        base.update(HOTWIRE_MAILBOX=str(self.mailbox), HOTWIRE_VECTORS=str(vectors), **(env or {}))
         if not plugin:
-            base["VLLM_PLUGINS"] = "none"  # vLLM loads no general plugin
+            base["VLLM_PLUGINS"] = "none"  # vLLM loads no general plugin (unless ``env`` names one)
+        base.update(HOTWIRE_MAILBOX=str(self.mailbox), HOTWIRE_VECTORS=str(vectors), **(env or {}))
         super().__init__(name, work / f"{name}.log", base, cpus)
         self.model, self.engine, self.plugin = model, engine, plugin
         self._view = None
@@ -324,14 +324,18 @@ def gpu_name() -> str | None:
     return out.stdout.splitlines()[0].strip() if out.returncode == 0 and out.stdout.strip() else None
 
 
+def startup_vectors(hidden: int) -> np.ndarray:
+    """The ``N_VECTORS`` random startup vectors v0, v1, ... the steered requests name, one per row
+    (float32, seeded: every server that loads them gets the same values)."""
+    return np.random.default_rng(0).standard_normal((N_VECTORS, hidden)).astype(np.float32)
+
+
 def write_vectors(folder: Path, hidden: int) -> Path:
-    """The ``N_VECTORS`` random startup vectors (``HOTWIRE_VECTORS``) the steered requests name."""
+    """:func:`startup_vectors` as hotwire's ``HOTWIRE_VECTORS`` folder (``v<i>.safetensors``)."""
     from hotwire.shared.wire import encode_safetensors
 
     folder.mkdir(parents=True, exist_ok=True)
-    rng = np.random.default_rng(0)
-    for i in range(N_VECTORS):
-        vec = rng.standard_normal(hidden).astype(np.float32)
+    for i, vec in enumerate(startup_vectors(hidden)):
         (folder / f"v{i}.safetensors").write_bytes(encode_safetensors(vec))
     return folder
 
@@ -362,12 +366,26 @@ def _init(stop) -> None:
     _STOP = stop
 
 
+def steer_spec(g: int, layers: tuple[int, int]) -> list[dict]:
+    """The two-entry spec of request ``g`` of a round's stream: its own startup vectors and scales, on
+    the two steered layers. Scales are multiples of 1/16 (exact in JSON and in float32)."""
+    l1, l2 = layers
+    return [{"id": f"v{g % N_VECTORS}", "layer": l1, "scale": 0.5 + (g % 17) / 16},
+            {"id": f"v{(g + 7) % N_VECTORS}", "layer": l2, "scale": -0.25 - (g % 13) / 16}]
+
+
+def pool_entries(pool: int, layers: tuple[int, int]) -> set[tuple[str, int, float]]:
+    """The distinct (id, layer, scale) entries of a pool of ``pool`` specs (:func:`bodies`)."""
+    return {(e["id"], e["layer"], e["scale"]) for g in range(pool) for e in steer_spec(g, layers)}
+
+
 def bodies(seed: int, client: int, clients: int, vocab: int, layers: tuple[int, int], fraction: float,
-           prompt_len: int, max_tokens: tuple[int, int], stagger: int = 0):
+           prompt_len: int, max_tokens: tuple[int, int], stagger: int = 0, pool: int | None = None):
     """Endless completion bodies of one load-generator process: random token-id prompts, ``max_tokens``
-    uniform in the given range, every ``1/fraction``-th one steered by its own two-entry spec (the
-    startup vectors, layers n/3 and 2n/3). The same arguments give the same sequence, so every server
-    of a round is sent the same requests, in the same order.
+    uniform in the given range, every ``1/fraction``-th one steered by its own two-entry spec
+    (:func:`steer_spec`; with ``pool``, drawn from its first ``pool`` specs instead, a fixed set a
+    server with a fixed slot budget can hold). The same arguments give the same sequence, so every
+    server of a round is sent the same requests, in the same order.
 
     The first ``stagger`` bodies (one per slot of a closed loop) are the rest of a request already
     under way: a length drawn in proportion to itself, then a uniform point of it (what a slot of a
@@ -375,7 +393,6 @@ def bodies(seed: int, client: int, clients: int, vocab: int, layers: tuple[int, 
     started together do not finish together, and a window after a short settle sees the batch
     a long-running server sees, not a first wave's prefills and completions."""
     rng = np.random.default_rng([seed, client])
-    l1, l2 = layers
     lengths = np.arange(max_tokens[0], max_tokens[1] + 1)
     for k in itertools.count():
         g = k * clients + client  # index in the round's interleaved stream: picks the vectors
@@ -385,8 +402,7 @@ def bodies(seed: int, client: int, clients: int, vocab: int, layers: tuple[int, 
         body = {"model": SERVED, "prompt": rng.integers(10, vocab - 10, prompt_len).tolist(),
                 "max_tokens": n, "temperature": 0.0, "ignore_eos": True}
         if math.floor((k + 1) * fraction) > math.floor(k * fraction):
-            spec = [{"id": f"v{g % N_VECTORS}", "layer": l1, "scale": 0.5 + (g % 17) / 16},
-                    {"id": f"v{(g + 7) % N_VECTORS}", "layer": l2, "scale": -0.25 - (g % 13) / 16}]
+            spec = steer_spec(g if pool is None else g % pool, layers)
             body["vllm_xargs"] = {"hotwire": json.dumps(spec)}
         yield body
 
@@ -616,6 +632,36 @@ def check_steering(name: str, before: dict[str, int], after: dict[str, int], loa
         raise SystemExit(f"{name}: {load['steered_started']} steered requests sent, "
                          f"{load['steered_completed']} completed, {counted} counted; mailbox counters {after}")
     return counted
+
+
+def probe_steering(reference: Server, steering: list[Server], exact: set[str], client: httpx.Client,
+                   prompt: list[int], spec: list[dict], max_tokens: int = 16) -> dict[str, dict[str, list[int]]]:
+    """One greedy request, sent alone: unsteered to ``reference`` and to each of ``steering``, and
+    steered by ``spec`` to each of ``steering``. A steered answer must differ from the same server's
+    unsteered one (else the server is not steering), and the unsteered answer of each server named in
+    ``exact`` (its engine flags those of ``reference``) must equal ``reference``'s (steering leaves
+    other requests untouched). Returns every answer's token ids, by server."""
+    def answer(server: Server, steer: list[dict] | None) -> list[int]:
+        body = {"model": SERVED, "prompt": prompt, "max_tokens": max_tokens, "temperature": 0.0,
+                "ignore_eos": True, "return_token_ids": True}
+        if steer is not None:
+            body["vllm_xargs"] = {"hotwire": json.dumps(steer)}
+        r = client.post(server.url + "/v1/completions", json=body)
+        if r.status_code != 200:
+            raise SystemExit(f"{server.name}: steering probe: HTTP {r.status_code}: {r.text[:2000]}")
+        return r.json()["choices"][0]["token_ids"]
+
+    out = {reference.name: {"unsteered": answer(reference, None)}}
+    for s in steering:
+        out[s.name] = {"unsteered": answer(s, None), "steered": answer(s, spec)}
+        if out[s.name]["steered"] == out[s.name]["unsteered"]:
+            raise SystemExit(f"{s.name}: the probe steered by {spec} answered {out[s.name]['steered']}, as "
+                             f"it did unsteered: {s.name} is not steering\n" + s.tail(6000))
+        if s.name in exact and out[s.name]["unsteered"] != out[reference.name]["unsteered"]:
+            raise SystemExit(f"{s.name}: the unsteered probe answered {out[s.name]['unsteered']}, "
+                             f"{reference.name} {out[reference.name]['unsteered']}: steering touched an "
+                             "unsteered request\n" + s.tail(6000))
+    return out
 
 
 # ---------------------------------------------------------------- statistics
