@@ -13,7 +13,9 @@
 #   bash benchmarks/h200.sh serve  OUTDIR [C...]  # host work per step; a py-spy profile of both engine cores
 #                                           # at the largest C (needs py-spy on PATH); served tokens/s at
 #                                           # C in flight (default 64 256): plugin-free vs all armed, half
-#                                           # steered; TTFT and tokens/s with the control API pushing
+#                                           # steered, and the original hotwire-vllm 0.1.2 when its wheel
+#                                           # travelled in .device/extra (serve_throughput.py says how to
+#                                           # fetch it); TTFT and tokens/s with the control API pushing
 #                                           # every second
 #   bash benchmarks/h200.sh pair   OUTDIR   # two GPUs: TP=2 and PP=2 servers with runtime registration
 #                                           # (tests/test_e2e_parallel.py as deployed: bf16, graphs on)
@@ -84,9 +86,17 @@ perf() {  # perf [SHAPE...]: one engine at a time (a neighbour's start-up distur
 }
 
 serve() {  # serve [CONCURRENCY...]: host work, the profile (~3 min), served tokens/s (plugin-free vs hotwire,
-           # steady-state windows, ~7 min), then TTFT under registration pushes (~5 min)
-  local cs=("$@")
+           # and the original when its wheel is here, steady-state windows, ~7 min), then TTFT under
+           # registration pushes (~5 min)
+  local cs=("$@") servers=(plugin_free hotwire) original=()
+  local wheel=.device/extra/hotwire_vllm-0.1.2-py3-none-any.whl site=/tmp/hotwire-vllm-0.1.2
   [ ${#cs[@]} -eq 0 ] && cs=(64 256)
+  if [ -f "$wheel" ]; then  # in a folder of its own: it has our import package's name (original_plugin.py)
+    python3 -m pip install -q --no-index --no-deps --upgrade --target "$site" "$wheel" \
+      && servers+=(original) && original=(--original-site "$site")
+  else
+    echo "no $wheel: served tokens/s without the original hotwire-vllm" >&2
+  fi
   job host python3 benchmarks/host_overhead.py --repeat 300 --out "$out/host-overhead.json"
   wait
   if command -v py-spy >/dev/null; then
@@ -97,7 +107,7 @@ serve() {  # serve [CONCURRENCY...]: host work, the profile (~3 min), served tok
     echo "no py-spy on PATH: no profile" >&2
   fi
   job serve python3 benchmarks/serve_throughput.py --shape qwen3-0.6b --concurrency "${cs[@]}" --budget-s 420 \
-    --out "$out/serve-qwen3-0.6b.json"
+    --servers "${servers[@]}" "${original[@]}" --out "$out/serve-qwen3-0.6b.json"
   wait
   job registration python3 benchmarks/registration_load.py --shape qwen3-0.6b --concurrency 64 --budget-s 265 \
     --window-s 6 --out "$out/registration-qwen3-0.6b.json"
