@@ -144,20 +144,25 @@ def _server(name: str, work: Path, model: Path, engine: dict, steered: str, cpus
                   vectors=work / "vectors", cpus=cpus, env={"HOTWIRE_LAYERS": steered} if two else None)
 
 
-def _original(args: argparse.Namespace, names: list[str], work: Path, layers: tuple[int, int],
-              hidden: int) -> tuple[dict[str, str] | None, dict | None]:
-    """The original's server environment and what the JSON records of it (None, None without it):
-    refused on CPU, checked to load exactly that plugin, its vectors written as ``.pt``."""
+def _check_original_args(args: argparse.Namespace, names: list[str]) -> None:
+    """``--servers original`` comes with ``--original-site`` and without ``--smoke``, and the other way round."""
     if "original" not in names:
         if args.original_site is not None:
             raise SystemExit("--original-site given, but original is not among --servers")
-        return None, None
-    if args.smoke:
+    elif args.smoke:
         raise SystemExit("--servers original needs a CUDA GPU: hotwire-vllm 0.1.2 steers with a Triton kernel, "
                          "and on vLLM's CPU runner its model patch never runs (original_plugin.py)")
-    if args.original_site is None:
+    elif args.original_site is None:
         raise SystemExit(f"--servers original needs --original-site DIR: pip install --no-deps --target DIR "
                          f"{original_plugin.WHEEL}")
+
+
+def _original(args: argparse.Namespace, names: list[str], work: Path, layers: tuple[int, int],
+              hidden: int) -> tuple[dict[str, str] | None, dict | None]:
+    """The original's server environment and what the JSON records of it (None, None without it):
+    checked to load exactly that plugin, its vectors written as ``.pt``."""
+    if "original" not in names:
+        return None, None
     site = args.original_site
     installed = original_plugin.installed_version(site)
     env = original_plugin.server_env(site, work)
@@ -330,6 +335,8 @@ def main() -> None:
                          "--target), for --servers original")
     add_common_args(ap)
     args = ap.parse_args()
+    names = ["plugin_free"] + [n for n in dict.fromkeys(args.servers) if n != "plugin_free"]
+    _check_original_args(args, names)
     gpu = start_run(args.smoke)
     concurrency = args.concurrency or ([4, 8] if args.smoke else [64, 256])
     rounds = args.rounds or (2 if args.smoke else 30)
@@ -338,7 +345,6 @@ def main() -> None:
     lengths = (max_tokens // 2, max_tokens + max_tokens // 2)
     work = Path(tempfile.mkdtemp(prefix="hotwire-serve-"))
 
-    names = ["plugin_free"] + [n for n in dict.fromkeys(args.servers) if n != "plugin_free"]
     model, shape_name = benchmark_model(work, args.shape, args.smoke)
     shape = json.loads((model / "config.json").read_text())
     layers = steered_layers(shape["num_hidden_layers"])
