@@ -35,6 +35,14 @@ from .steering import SteeringTables, arm, decoder_layers
 log = logging.getLogger("vllm.hotwire")
 
 
+def _steps_in_flight(vllm_config: Any) -> int:
+    """How many steps vLLM may have queued on the device at once (async scheduling: 2; pipeline
+    parallel: one per stage, plus one with the V2 runner), where the routing uploads of the
+    oldest must still be readable (:class:`.staging.HostRing`)."""
+    pp = int(getattr(vllm_config.parallel_config, "pipeline_parallel_size", 1))
+    return max(2, pp + 1, int(getattr(vllm_config, "max_concurrent_batches", 0)))
+
+
 class Steerer:
     def __init__(self, router: Router, tables: SteeringTables, counters: Counters):
         self.router, self.tables, self.counters = router, tables, counters
@@ -74,7 +82,8 @@ class Steerer:
             log.info("hotwire: each armed layer adds one kernel launch (about 1.1-1.6 us on an H200) to %s; "
                      "set HOTWIRE_LAYERS to the layers you steer to pay only for those", steps)
         counters = process_counters()
-        return cls(Router(armed_model, GateReport(tables.gate_counts, counters)), tables, counters)
+        router = Router(armed_model, GateReport(tables.gate_counts, counters), depth=_steps_in_flight(vllm_config) + 1)
+        return cls(router, tables, counters)
 
     # -- per step -------------------------------------------------------------------------------
     def on_schedule(self, scheduler_output: Any) -> None:

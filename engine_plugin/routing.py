@@ -4,10 +4,12 @@ Per request, on arrival only: the engine core's :class:`.admission.Admission` re
 to bank slots (:mod:`.step_decision`), and this rank writes one request row ``[A, K, 8]`` of its
 route table for the layers it holds.
 Per step: one vectorised ``np.repeat`` of request rows over the step's token counts; when it or
-the rows changed, one copy to ``tok_row`` and one gather of the rows into the per-token table
-the op reads (decode steps of a steady batch reuse it: positions, not the map, move the token
-windows), and the set of layers the step's requests have entries on, for the op to skip the rest
-(:class:`.steer_op.StepState`).
+the rows changed, one gather of the rows into the per-token table the op reads (decode steps of
+a steady batch reuse it: positions, not the map, move the token windows), and the set of layers
+the step's requests have entries on, for the op to skip the rest (:class:`.steer_op.StepState`).
+Uploads go through :class:`.staging.HostRing` buffers the device reads in place, so a step in
+which requests arrive costs two torch calls (write the rows, gather them) and one in which the
+batch only changed costs one.
 """
 
 from __future__ import annotations
@@ -22,16 +24,24 @@ import torch
 from .admission import Admitted, Term
 from .gate_report import GateReport
 from .interventions import PROBE
-from .staging import copy_into, to_device
+from .staging import HostRing
 from .steering import ArmedModel
 
 log = logging.getLogger("vllm.hotwire")
 
 
 class Router:
-    def __init__(self, armed: ArmedModel, report: GateReport | None = None):
+    """``depth``: how many steps' uploads may be in flight at once, plus one
+    (:class:`.staging.HostRing`'s reuse contract)."""
+
+    def __init__(self, armed: ArmedModel, report: GateReport | None = None, depth: int = 3):
         self.armed, self.report = armed, report
         self.tables = armed.tables
+        rows, shape = self.tables.route.shape[0], self.tables.route.shape[1:]  # R+1, [A, K, 8]
+        self._row_words = int(np.prod(shape))
+        device = self.tables.route.device
+        self._rows_ring = HostRing(rows * (1 + self._row_words), depth, device)  # [row numbers | rows]
+        self._tok_ring = HostRing(self.tables.tok_row.shape[0], depth, device)  # [N] each token's row
         self.active: dict[str, Admitted] = {}  # the steered requests in flight, as the engine core admitted them
         self._ids: list[str] = []  # the last step's batch, to skip unchanged decode steps
         self._counts = np.zeros(0, dtype=np.int32)
@@ -44,6 +54,7 @@ class Router:
         self._tok = np.zeros(0, dtype=np.int32)  # tok_row content on the device, up to its length
         # [R+1, A]: the armed layers (table positions) each request row has an entry on, on this rank
         self._row_layers = np.zeros(self.tables.route.shape[:2], dtype=bool)
+        self._row_gated = np.zeros(rows, dtype=bool)  # [R+1]: the request row has gates (the op reads tok_row)
 
     @property
     def steering(self) -> bool:
@@ -64,6 +75,7 @@ class Router:
         self._row_of[req_id] = admitted.row
         self._row_layers[admitted.row] = False
         self._row_layers[admitted.row, [pos for pos, _, _ in entries]] = True
+        self._row_gated[admitted.row] = admitted.gates > 0
         self._staged[admitted.row] = entries
         self._dirty = True
 
@@ -98,22 +110,20 @@ class Router:
     @torch.inference_mode()
     def commit(self) -> None:
         """Write the rows of requests admitted since the last commit (:meth:`route` does, before
-        it gathers): their row numbers and contents in one upload, then one ``index_put_``.
-
-        Few torch calls, because each one releases the GIL: in a served engine, vLLM's output
-        thread then takes it, and the step thread waits for it back (measured on the H200 at 256
-        in flight: ~70 µs a call where it costs ~7 µs alone)."""
+        it gathers): their row numbers and contents filled into one host buffer, then one
+        ``index_put_`` that reads it."""
         if not self._staged:
             return
-        m, shape = len(self._staged), self.tables.route.shape[1:]  # shape: [A, K, 8]
-        buf = np.zeros(m + m * int(np.prod(shape)), dtype=np.int32)  # [row numbers | rows]
+        m, w, shape = len(self._staged), self._row_words, self.tables.route.shape[1:]  # shape: [A, K, 8]
+        buf = self._rows_ring.next()
         buf[:m] = list(self._staged)
-        route = buf[m:].reshape(m, *shape)
+        route = buf[m: m + m * w].reshape(m, *shape)
+        route[:] = 0
         for i, entries in enumerate(self._staged.values()):
             for pos, k, words in entries:
                 route[i, pos, k] = words
         self._staged.clear()
-        dev = to_device(buf, self.tables.route.device)
+        dev = self._rows_ring.read(0, m + m * w)
         self.tables.route.index_put_((dev[:m],), dev[m:].view(m, *shape))
         self._rows_written = True
 
@@ -131,9 +141,11 @@ class Router:
         self._ids, self._counts, self._dirty = list(req_ids), np.array(num_tokens), False
         rows = (np.fromiter(map(self._row_of.get, req_ids, repeat(0)), np.int32, len(req_ids)) if self._row_of
                 else None)
+        gated = False
         if rows is not None and rows.any():
             tok = np.repeat(rows, num_tokens)
             self.tables.step.route_layers(np.flatnonzero(self._row_layers[rows].any(0)).tolist())
+            gated = bool(self._row_gated[rows].any())
         else:
             tok = self._tok[:0]
             self.tables.step.route_layers(())
@@ -141,10 +153,13 @@ class Router:
             return
         n = max(len(tok), len(self._tok))  # the last step's tokens past this one's get the null row
         if n:
-            self._upload(tok if n == len(tok) else np.concatenate((tok, np.zeros(n - len(tok), np.int32))))
+            self._upload(tok, n, gated)
         self._tok, self._rows_written = tok, False
 
     @torch.inference_mode()
-    def _upload(self, tok: np.ndarray) -> None:
-        copy_into(self.tables.tok_row[: len(tok)], tok)
-        self.tables.load_tokens(len(tok))
+    def _upload(self, tok: np.ndarray, n: int, gated: bool) -> None:
+        """``tok`` then null rows up to ``n`` tokens, gathered into the per-token table."""
+        buf = self._tok_ring.next()
+        buf[: len(tok)] = tok
+        buf[len(tok): n] = 0
+        self.tables.load_tokens(self._tok_ring.read(0, n), gated)

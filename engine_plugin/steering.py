@@ -45,6 +45,8 @@ class SteeringTables(nn.Module):
                                                   row, token window, mode and its float32
                                                   coefficients); request row 0 = null (all zeros)
         tok_row   [N]               int32         request row of each token of the current step
+                                                  (written in steps with a gated request: the
+                                                  gates' counts are its only reader)
         tok_route [N, A, K, 8]      int32         route[tok_row]: what the op reads
         gates     [N, K]            int32         per token: did the request's gate g open (probes
                                                   write it, gated entries read it; one step long)
@@ -52,7 +54,7 @@ class SteeringTables(nn.Module):
         gate_decided [R+1, K]       int32         a prompt gate's decision, per request row
 
     ``route`` and ``tok_route`` are row-major in the leading index, so admitting requests is one
-    ``index_copy_`` of whole rows and a batch change one ``index_select`` straight into
+    ``index_put_`` of whole rows and a batch change one ``index_select`` straight into
     ``tok_route``: the fewest launches on the host path, which a host-bound served engine pays on
     most steps. A layer's slice
     (:meth:`layer`) is a strided view; an entry's eight words are 32-byte aligned.
@@ -80,9 +82,14 @@ class SteeringTables(nn.Module):
     def nbytes(self) -> int:
         return sum(b.numel() * b.element_size() for b in self.buffers())
 
-    def load_tokens(self, n: int) -> None:
-        """Copy the request rows named by ``tok_row[:n]`` to ``tok_route[:n]``: one gather."""
-        torch.index_select(self.route, 0, self.tok_row[:n], out=self.tok_route[:n])
+    def load_tokens(self, rows: torch.Tensor, gated: bool) -> None:
+        """The request rows named by ``rows [n]`` (each token's, on or readable by the device)
+        into ``tok_route[:n]``: one gather; and ``rows`` into ``tok_row[:n]`` where the op reads
+        it (``gated``: a request of the step has gates, whose counts go by request row)."""
+        n = rows.shape[0]
+        torch.index_select(self.route, 0, rows, out=self.tok_route[:n])
+        if gated:
+            self.tok_row[:n].copy_(rows)
 
     def layer(self, pos: int) -> torch.Tensor:
         """Armed layer ``pos``'s per-token entries: a view ``[N, K, 8]``."""

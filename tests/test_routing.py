@@ -8,6 +8,7 @@ import time
 import numpy as np
 import pytest
 import torch
+from torch.utils._python_dispatch import TorchDispatchMode
 
 from engine_rig import REQUESTS, H, Rig, Step, make_rank, new_req
 from hotwire.shared.mailbox import ANY_LAYER
@@ -79,6 +80,51 @@ def test_a_gated_requests_row_starts_closed_for_the_next_request(rig):
     rig.step(finished=["g"], new=[("next", _spec({"id": "v", "layer": 1}), 3)])
     assert router.active["next"].row == row
     assert tables.gate_decided[row].abs().sum() == 0
+
+
+def test_tok_row_names_each_tokens_row_in_every_step_with_a_gated_request(rig):
+    """Only gates read ``tok_row`` (their counts go by request row), so only steps with a gated
+    request write it: a gated request joining a batch routed without one must find it right."""
+    tables, router = rig.tables, rig.router
+    rig.core.admission.projecting = frozenset({1, 3})
+    rig.control.write(0, "v", ANY_LAYER, np.ones(H, np.float32), gen=1)
+    rig.step(new=[("a", _spec({"id": "v", "layer": 1}), 3)])
+    router.route(["a", "u"], np.array([3, 2]))
+    assert tables.tok_row.abs().sum() == 0  # no gate in the step: not written
+    gated = {"id": "v", "layer": 3, "gate": {"probe": "v", "layer": 1}}
+    rig.step(new=[("g", _spec(gated), 2)])
+    router.route(["u", "g", "a"], np.array([1, 2, 1]))
+    a, g = router.active["a"].row, router.active["g"].row
+    assert tables.tok_row[:4].tolist() == [0, g, g, a]
+
+
+class _DeviceCalls(TorchDispatchMode):
+    """The torch operations run inside it, views left out (they do no work and keep the GIL)."""
+
+    def __init__(self):
+        super().__init__()
+        self.calls: list[str] = []
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        if not func.is_view:
+            self.calls.append(func.overloadpacket.__name__)
+        return func(*args, **(kwargs or {}))
+
+
+def test_a_step_with_arrivals_makes_two_torch_calls_a_changed_batch_one_a_steady_one_none(rig):
+    """Each torch call on the step thread releases the GIL, which in a served engine costs a wait
+    for vLLM's output thread (staging.HostRing): the rows are written and gathered from host
+    buffers the device reads, with no copy or pinning call of their own."""
+    router = rig.router
+    rig.control.write(0, "v", ANY_LAYER, np.ones(H, np.float32), gen=1)
+    rig.step(new=[("a", _spec({"id": "v", "layer": 1}), 3), ("b", _spec({"id": "v", "layer": 3}), 2)])
+    steps = [(["a", "b", "u"], [3, 2, 1]), (["a", "b", "u"], [1, 1, 1]), (["a", "b", "u"], [1, 1, 1])]
+    calls = []
+    for ids, counts in steps:
+        with _DeviceCalls() as mode:
+            router.route(ids, np.array(counts))
+        calls.append(mode.calls)
+    assert calls == [["index_put_", "index_select"], ["index_select"], []]
 
 
 def test_a_row_reused_before_its_commit_holds_the_latest_request(rig):

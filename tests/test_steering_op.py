@@ -61,7 +61,7 @@ def test_entries_add_scaled_rows_on_their_positions_only():
     t.route[1, 0, 0] = _entry(3, 0, NO_END, 1.5)
     t.route[1, 0, 1] = _entry(5, 2, 4, -2.0)
     t.tok_row[:6] = torch.tensor([0, 1, 1, 1, 1, 0], dtype=torch.int32)  # tokens 1-4 belong to request row 1
-    t.load_tokens(6)
+    t.load_tokens(t.tok_row[:6].clone(), gated=True)
     x, pos = torch.randn(6, H), torch.tensor([9, 0, 1, 2, 3, 4])
     out = t(x.clone(), None, pos, t.layer(0))
     want = x.clone()
@@ -190,7 +190,7 @@ def test_steered_request_keeps_its_bits_outside_its_window():
     t = _tables()
     t.route[1, 0, 0] = _entry(3, 100, 200, 2.0)  # a window no token is in
     t.tok_row[:4] = 1
-    t.load_tokens(4)
+    t.load_tokens(t.tok_row[:4].clone(), gated=True)
     x = torch.randn(4, H).to(torch.bfloat16)
     x[0, :2] = torch.tensor([-0.0, 0.0])
     out = t.to(torch.bfloat16)(x.clone(), x, torch.arange(4), t.layer(0))
@@ -201,7 +201,7 @@ def test_mrope_positions_use_the_first_row():
     t = _tables()
     t.route[1, 0, 0] = _entry(2, 3, 4, 1.0)
     t.tok_row[:2] = 1
-    t.load_tokens(2)
+    t.load_tokens(t.tok_row[:2].clone(), gated=True)
     x = torch.zeros(2, H)
     out = t(x.clone(), None, torch.tensor([[3, 4], [0, 0], [0, 0]]), t.layer(0))
     assert torch.equal(out[0], t.bank[2]) and torch.equal(out[1], x[1])
@@ -235,7 +235,7 @@ def test_arm_wraps_only_chosen_layers_and_keeps_names():
     assert isinstance(model.layers[2], QwenishDecoderLayer) and type(model.layers[0]) is QwenishDecoderLayer
     t.route[1, 0, 0] = _entry(1, 0, NO_END, 2.0)
     t.tok_row[:3] = 1
-    t.load_tokens(3)
+    t.load_tokens(t.tok_row[:3].clone(), gated=True)
     x, pos = torch.randn(3, H), torch.arange(3)
     h, r = model.layers[2](pos, x, None)
     # the stream h + r moves by the vector, added to the layer's own output; the residual is untouched
@@ -263,7 +263,7 @@ def test_only_layers_taking_positions_are_found_and_positions_are_read_by_name()
     arm(found, [1], t)
     t.route[1, 0, 0] = _entry(1, 2, 3, 1.0)  # slot 1 on positions [2, 3)
     t.tok_row[:3] = 1
-    t.load_tokens(3)
+    t.load_tokens(t.tok_row[:3].clone(), gated=True)
     x, pos = torch.randn(3, H), torch.tensor([0, 1, 2])
     h, r = model.layers[1](x, None, pos)
     torch.testing.assert_close(h + r, model.layers[1].lin(x) + x + torch.stack([torch.zeros(H), torch.zeros(H), t.bank[1]]))
@@ -524,7 +524,7 @@ def test_the_op_runs_only_on_the_layers_the_step_has_entries_on():
     t.route[1, 0, 0] = _entry(1, 0, NO_END, 2.0)
     t.route[1, 1, 0] = _entry(2, 0, NO_END, -1.0)
     t.tok_row[:4] = 1
-    t.load_tokens(4)
+    t.load_tokens(t.tok_row[:4].clone(), gated=True)
     x, pos = torch.randn(4, H), torch.arange(4)
     both = [op(x, None, pos, t.bank, t.layer(i)) for i in (0, 1)]
     assert not torch.equal(both[0], x) and not torch.equal(both[1], x)
@@ -569,7 +569,7 @@ def test_inductor_steers_the_layer_output_in_place_without_a_copy():
     arm(decoder_layers(model), [0, 1], t)
     t.route[1, 0, 0] = _entry(1, 0, NO_END, 2.0)
     t.tok_row[:4] = 1
-    t.load_tokens(4)
+    t.load_tokens(t.tok_row[:4].clone(), gated=True)
 
     def forward(pos, x):
         h, r = model.layers[0](pos, x, None)
