@@ -71,6 +71,7 @@ from pathlib import Path
 import httpx
 import numpy as np
 
+from hotwire.shared.mailbox import clock_ns
 from hotwire.tools.tiny_model import benchmark_model, steered_layers
 from serving import (SERVER_CORES, Load, add_common_args, Managed, Server, check_steering, cpu_plan, engine_args, median,
                      median_ci, print_logs, snapshot, start_run, stop_all, verdict, wait_ready, window_row,
@@ -392,7 +393,7 @@ def main() -> None:
         print(f"startup: {result['phases_s']['startup']:.0f} s (vLLM {result['vllm']}), control API ready", flush=True)
 
         deadline = t0 + args.budget_s
-        start_counters = server.counters_after(time.time_ns())
+        start_counters = server.counters_after(clock_ns())
         load.start(server.url, c, {**make, "max_tokens": lengths, "seed": 1},
                    time.time() + deadline - time.monotonic() + 120)  # the processes' own stop (epoch s)
         schedule = [True, False] + [k % 4 in (0, 3) for k in range(rounds)]  # warm-up pair, then A B B A
@@ -443,7 +444,7 @@ def main() -> None:
         result["load"] = {**{k: sent.get(k, 0) for k in ("completed", "cancelled", "resent")},
                           "client_cpu_s": sent["client_cpu_s"],
                           "steered_counted": check_steering(server.name, start_counters,
-                                                            server.counters_after(time.time_ns()), total)}
+                                                            server.counters_after(clock_ns()), total)}
     except BaseException:
         print_logs([server, api])
         raise

@@ -112,6 +112,7 @@ import httpx
 import numpy as np
 
 import original_plugin
+from hotwire.shared.mailbox import clock_ns
 from hotwire.tools.tiny_model import benchmark_model, steered_layers
 from serving import (SERVER_CORES, Load, Server, add_common_args, check_steering, cpu_plan, engine_args, median,
                      median_ci, pool_entries, probe_steering, running, snapshot, start_run, startup_vectors,
@@ -210,7 +211,7 @@ def _window(load: Load, server: Server, client: httpx.Client, concurrency: int, 
     if row["preemptions"]:
         raise SystemExit(f"{server.name}: {row['preemptions']} preemptions: the KV cache is too small")
     if server.plugin:
-        pending[server.name] = (row, before, sent, time.time_ns())
+        pending[server.name] = (row, before, sent, clock_ns())
     _check_log(server, watches)
     return row
 
@@ -218,7 +219,7 @@ def _window(load: Load, server: Server, client: httpx.Client, concurrency: int, 
 def _check_pending(server: Server, pending: dict) -> dict[str, int]:
     """Check the server's last window's steering (if one is pending); its counters now."""
     if server.name not in pending:
-        return server.counters_after(time.time_ns())
+        return server.counters_after(clock_ns())
     row, before, sent, idle_ns = pending.pop(server.name)
     after = server.counters_after(idle_ns)
     row["steered_counted"] = check_steering(server.name, before, after, sent)

@@ -142,7 +142,7 @@ class Server(Managed):
         return int(self._view.header["heartbeat_ns"]), self._view.counters()
 
     def counters_after(self, t_ns: int, timeout: float = 10.0) -> dict[str, int]:
-        """The counters as published by the first heartbeat after ``t_ns`` (``time.time_ns()``)."""
+        """The counters as published by the first heartbeat after ``t_ns`` (``mailbox.clock_ns()``)."""
         deadline = time.monotonic() + timeout
         while True:
             beat_ns, counters = self.beat()

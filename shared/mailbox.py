@@ -93,7 +93,7 @@ HEADER = np.dtype([
     ("engine_pid", "<u4"), ("armed_count", "<u4"),
     ("target_gen", "<u8"),  # control API: bumped after every directory write
     ("applied_gen", "<u8"),  # engine: last target_gen fully applied
-    ("heartbeat_ns", "<u8"),  # engine: time.time_ns() of its last sign of life
+    ("heartbeat_ns", "<u8"),  # engine: clock_ns() of its last sign of life
     ("counters", "<u8", (32,)),
     ("armed", "u1", (512,)),  # engine: 1 for each armed decoder layer index
 ])
@@ -114,6 +114,13 @@ HEARTBEAT_S = 0.25  # the engine beats this often (its mailbox thread, engine_pl
 QUIET_S = 4 * HEARTBEAT_S  # a heartbeat this old: the engine takes no write in now (4 beats missed)
 LIVE_S = 5.0  # a mailbox beaten this recently has a live engine
 _OWN_EPOCHS: set[int] = set()  # the epochs of the mailboxes this process created: its own to replace
+
+
+def clock_ns() -> int:
+    """The heartbeat's clock: ``CLOCK_MONOTONIC``, which every process on a host shares (a mailbox
+    is a file on the host of its engine) and which a step of the wall clock (NTP, an operator) does
+    not move, so a live engine never looks silent, nor a dead one alive, for one."""
+    return time.monotonic_ns()
 
 
 def dp_mailbox_path(base: str, dp_rank: int) -> str:
@@ -321,7 +328,7 @@ def _live_engine(dir_fd: int, name: str) -> str | None:
     pid, epoch = int(head["engine_pid"]), int(head["epoch"])
     if pid == os.getpid() and epoch in _OWN_EPOCHS:
         return None
-    age = (time.time_ns() - int(head["heartbeat_ns"])) / 1e9
+    age = (clock_ns() - int(head["heartbeat_ns"])) / 1e9
     return f"pid {pid}, heartbeat {max(age, 0.0):.1f} s ago" if -LIVE_S < age < LIVE_S else None
 
 
@@ -341,7 +348,7 @@ def _write_new(dir_fd: int, name: str, fp: Fingerprint, n_slots: int, total: int
         head["dtype"], head["model"] = fp.dtype.encode(), fp.model.encode()[:256]
         head["epoch"] = epoch = secrets.randbits(63) | 1
         head["engine_pid"] = os.getpid()
-        head["heartbeat_ns"] = time.time_ns()
+        head["heartbeat_ns"] = clock_ns()
         os.pwrite(fd, head.tobytes(), 0)
         if group is not None:
             os.fchown(fd, -1, group)
@@ -663,9 +670,9 @@ class EngineMailbox(_Mailbox):
         self._counters[COUNTER_INDEX[name]] = value
 
     def beat(self, at_ns: int | None = None) -> None:
-        """Publish the counters and a sign of life (``at_ns``: a given time, for tests)."""
+        """Publish the counters and a sign of life (``at_ns``: a given :func:`clock_ns` time, for tests)."""
         self.flush_counters()
-        self._set("heartbeat_ns", time.time_ns() if at_ns is None else at_ns)
+        self._set("heartbeat_ns", clock_ns() if at_ns is None else at_ns)
 
 
 class ControlMailbox(_Mailbox):
@@ -686,7 +693,7 @@ class ControlMailbox(_Mailbox):
             return True
 
     def heartbeat_age_s(self) -> float:
-        return max(0.0, (time.time_ns() - self._get("heartbeat_ns")) / 1e9)
+        return max(0.0, (clock_ns() - self._get("heartbeat_ns")) / 1e9)
 
     def write(self, slot: int, vector_id: str, layer: int, row: np.ndarray, gen: int, flags: int = 0) -> None:
         entry = self._entry(slot)

@@ -15,7 +15,7 @@ import numpy as np
 import pytest
 
 from hotwire.control_api.cli.main import main
-from hotwire.shared.mailbox import ANY_LAYER, ControlMailbox
+from hotwire.shared.mailbox import ANY_LAYER, ControlMailbox, clock_ns
 
 from control_harness import FP, TOKEN, EnginePump, Rig, exact_vector, wait_until
 
@@ -195,7 +195,7 @@ def test_eviction_and_two_phase_reuse_run_per_rank(rig):
 def test_readyz_considers_every_rank_and_a_removed_rank_is_forgotten(rig):
     _, rank1 = _dp2(rig)
     rank1.paused.set()
-    rank1.box.beat(at_ns=time.time_ns() - 60 * 10**9)
+    rank1.box.beat(at_ns=clock_ns() - 60 * 10**9)
     r = rig.http.get("/readyz")
     assert r.status_code == 503 and r.json()["reason"].startswith("dp rank 1: engine heartbeat")
     rank1.stop()

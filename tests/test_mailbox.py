@@ -3,7 +3,7 @@
 import numpy as np
 
 from hotwire.shared.mailbox import (ACTIVE, ANY_LAYER, FLAG_PINNED, FLAG_STARTUP, ControlMailbox,
-                                    EngineMailbox, Fingerprint, MailboxView, dp_mailbox_path,
+                                    EngineMailbox, Fingerprint, MailboxView, clock_ns, dp_mailbox_path,
                                     rank_mailboxes)
 
 FP = Fingerprint("my/model", n_layers=4, hidden=8, dtype="bfloat16")
@@ -371,9 +371,9 @@ def test_a_control_api_in_the_engines_group_attaches_and_a_stranger_is_refused(o
 
 ENGINE_ELSEWHERE = """
 import sys, time
-from hotwire.shared.mailbox import EngineMailbox, Fingerprint
+from hotwire.shared.mailbox import EngineMailbox, Fingerprint, clock_ns
 box = EngineMailbox.create(sys.argv[1], Fingerprint("other/model", 4, 8, "bfloat16"), 5)
-box.beat(time.time_ns() - int(sys.argv[2]) * 10**9)
+box.beat(clock_ns() - int(sys.argv[2]) * 10**9)
 print("up", flush=True)
 while sys.argv[2] == "0":
     box.beat()
@@ -411,6 +411,22 @@ def test_a_mailbox_another_live_engine_beats_is_refused(tmp_path):
         other.wait()
 
 
+def test_a_step_of_the_wall_clock_neither_silences_a_live_engine_nor_revives_a_dead_one(tmp_path, monkeypatch):
+    """NTP or an operator may step the wall clock by minutes while an engine serves: its
+    heartbeat's age, which readiness and every push's wait go by, must not move with it."""
+    path = tmp_path / "e.mbx"
+    engine = EngineMailbox.create(str(path), FP, n_slots=5)
+    engine.beat()
+    control = ControlMailbox.attach(str(path))
+    wall = time.time_ns()
+    for step_s in (3600, -3600):
+        monkeypatch.setattr(time, "time_ns", lambda: wall + step_s * 10**9)
+        assert control.heartbeat_age_s() < 1.0
+    engine.beat(at_ns=clock_ns() - 60 * 10**9)  # an engine that stopped beating a minute ago
+    monkeypatch.setattr(time, "time_ns", lambda: wall - 3600 * 10**9)
+    assert control.heartbeat_age_s() > 59
+
+
 def test_the_mailbox_of_an_engine_that_stopped_beating_is_replaced(tmp_path):
     """An engine restarting: its predecessor's heartbeat is old (its pid may even be reused)."""
     path = tmp_path / "e.mbx"
@@ -424,7 +440,7 @@ def test_a_fresh_mailbox_with_this_pid_but_not_made_here_is_refused(tmp_path):
     make a mailbox this process's own."""
     path = tmp_path / "e.mbx"
     _engine_elsewhere(path, beat_s_ago=60).wait()
-    _set_header(path, engine_pid=os.getpid(), heartbeat_ns=time.time_ns())
+    _set_header(path, engine_pid=os.getpid(), heartbeat_ns=clock_ns())
     with pytest.raises(MailboxError, match="another running engine"):
         EngineMailbox.create(str(path), FP, n_slots=5)
 
