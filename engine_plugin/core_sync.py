@@ -154,7 +154,9 @@ class CoreSync:
             box = EngineMailbox.create(path, fp, cfg.slots, group=cfg.mailbox_gid())
             for slot, vector_id, layer, row in loaded:
                 box.publish_startup(slot, vector_id, layer, row)
-            box.set_armed(armed)  # last: the control API writes nothing before it sees armed layers
+            # what the engine admits by, for the API server's strict mode; last: the control API
+            # writes nothing before it sees armed layers
+            box.set_armed(armed, entries=cfg.entries, projecting=cfg.projecting_layers(fp.n_layers))
         except (OSError, ValueError, MailboxError) as e:
             log.error("hotwire: cannot create mailbox %s (%s); runtime registration is off", path, e)
             return None

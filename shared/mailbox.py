@@ -62,6 +62,7 @@ import re
 import secrets
 import stat
 import time
+from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -73,7 +74,7 @@ from .wire import ModelShape, dtype_max
 
 DEFAULT_MAILBOX = "/dev/shm/hotwire/engine.mbx"  # where the engine creates it, and the control API looks
 MAGIC = b"HOTWIRE\x01"
-LAYOUT = 1
+LAYOUT = 2  # 2: the engine publishes its projection layers and entries per layer
 HEADER_BYTES = 4096
 
 FREE, ACTIVE, RETIRING = 0, 1, 2
@@ -81,6 +82,7 @@ STATE_NAMES = {FREE: "free", ACTIVE: "active", RETIRING: "retiring"}
 FLAG_PINNED = 1  # never evicted
 FLAG_STARTUP = 2  # loaded by the engine from HOTWIRE_VECTORS; the control API leaves it alone
 ANY_LAYER = -1  # a (hidden,) vector: the same row serves every layer
+LAYER_ARMED, LAYER_PROJECTING = 1, 2  # bits of the header's per-layer byte
 
 # Engine counters, by index into header["counters"] (declared in .engine_counters).
 COUNTERS = tuple(c.name for c in ENGINE_COUNTERS)
@@ -95,7 +97,8 @@ HEADER = np.dtype([
     ("applied_gen", "<u8"),  # engine: last target_gen fully applied
     ("heartbeat_ns", "<u8"),  # engine: clock_ns() of its last sign of life
     ("counters", "<u8", (32,)),
-    ("armed", "u1", (512,)),  # engine: 1 for each armed decoder layer index
+    ("armed", "u1", (512,)),  # engine: per decoder layer index, LAYER_ARMED | LAYER_PROJECTING
+    ("entries", "<u4"),  # engine: entries a request may have per layer (HOTWIRE_ENTRIES)
 ])
 DIRECTORY = np.dtype([
     ("seq", "<u8"), ("gen", "<u8"), ("state", "<u4"), ("layer", "<i4"),
@@ -438,7 +441,17 @@ class _Mailbox:
         return {name: int(values[i]) for i, name in enumerate(COUNTERS)}
 
     def armed_layers(self) -> list[int]:
-        return [int(i) for i in np.flatnonzero(self._header()["armed"][: self.fingerprint.n_layers])]
+        return [int(i) for i in np.flatnonzero(self._header()["armed"][: self.fingerprint.n_layers] & LAYER_ARMED)]
+
+    def admission_settings(self) -> tuple[list[int], frozenset[int], int]:
+        """What the engine core admits specs by: its armed layers, its projection layers (where
+        a projecting mode can read the stream) and the entries a request may have per layer, as
+        the engine published them (its own ``HOTWIRE_*`` settings: an API server's environment
+        may differ)."""
+        head = self._header()
+        layers = head["armed"][: self.fingerprint.n_layers]
+        return ([int(i) for i in np.flatnonzero(layers & LAYER_ARMED)],
+                frozenset(int(i) for i in np.flatnonzero(layers & LAYER_PROJECTING)), int(head["entries"]))
 
     def _entry(self, slot: int) -> np.ndarray:
         """A copy of directory entry ``slot``, as a 1-element array."""
@@ -551,9 +564,13 @@ class EngineMailbox(_Mailbox):
         _OWN_EPOCHS.add(epoch)
         return cls(path, fd)
 
-    def set_armed(self, layers: list[int]) -> None:
+    def set_armed(self, layers: list[int], *, entries: int, projecting: Iterable[int] = ()) -> None:
+        """Publish the engine core's admission settings (:meth:`admission_settings`); the armed
+        layers' count last, which the control API waits for before it writes anything."""
         armed = np.zeros(HEADER["armed"].shape, dtype=np.uint8)
-        armed[layers] = 1
+        armed[layers] = LAYER_ARMED
+        armed[list(projecting)] |= LAYER_PROJECTING
+        self._set("entries", entries)
         self._set("armed", armed)
         self._set("armed_count", len(layers))
 

@@ -78,7 +78,7 @@ class EnginePump:
 
     def _create(self) -> None:
         self.box = EngineMailbox.create(str(self.path), self.fp, self.n_slots)
-        self.box.set_armed(list(self.armed))
+        self.box.set_armed(list(self.armed), entries=4)
         self.bound: dict[int, str] = {}  # slot -> vector id, as the engine applied it
         self.inflight = np.zeros(self.n_slots, dtype=np.uint32)
         self.last_used = np.zeros(self.n_slots, dtype=np.uint64)

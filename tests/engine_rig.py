@@ -49,7 +49,7 @@ def make_rank(device: str, armed=ARMED) -> Steerer:
 class Rig:
     def __init__(self, tmp_path, device: str = "cpu"):
         box = EngineMailbox.create(str(tmp_path / "e.mbx"), Fingerprint("m", 4, H, "float32"), SLOTS)
-        box.set_armed(list(ARMED))
+        box.set_armed(list(ARMED), entries=ENTRIES)
         self.counters = Counters()
         self.counters.mailbox = box
         registry = Registry(SLOTS)

@@ -237,7 +237,7 @@ def test_uploads_wait_for_a_starting_rank_only_through_the_reconciler(rig):
                                                                      (1, "not_resident")]
     assert "dp rank 1: the engine has not armed" in r.json()["reason"]
     assert rig.http.get("/readyz").status_code == 503
-    rank1.box.set_armed(list(range(FP.n_layers)))
+    rank1.box.set_armed(list(range(FP.n_layers)), entries=4)
     wait_until(lambda: _holds(rank1, "v", vector), what="pushed once rank 1 armed")
     assert rig.resident("v")
 

@@ -19,7 +19,7 @@ ROW = np.linspace(-1, 1, 8, dtype=np.float32)
 
 def engine(path, armed=(1, 2)) -> EngineMailbox:
     box = EngineMailbox.create(str(path), FP, 8)
-    box.set_armed(list(armed))
+    box.set_armed(list(armed), entries=4)
     return box
 
 
@@ -32,7 +32,7 @@ def test_what_the_directory_holds_is_judged_as_the_engine_admits(tmp_path):
     path = tmp_path / "engine.mbx"
     box = engine(path)
     box.publish_startup(0, "boot", ANY_LAYER, ROW)
-    view = EngineView(str(path), entries=4)
+    view = EngineView(str(path))
     assert reason(view, id="boot") == "applied"
     assert reason(view, id="boot", layer=3) == "unarmed_layer"
     assert reason(view, id="new") == "unknown_id"
@@ -56,7 +56,7 @@ def test_every_data_parallel_rank_must_steer(tmp_path):
     path = tmp_path / "engine.mbx"
     ranks = [engine(path), engine(f"{path}.dp1")]
     ranks[0].publish_startup(0, "v", ANY_LAYER, ROW)
-    view = EngineView(str(path), entries=4)
+    view = EngineView(str(path))
     assert reason(view, id="v") == "unknown_id"  # rank 1 has no such vector
     ranks[1].publish_startup(0, "v", ANY_LAYER, ROW)
     control = ControlMailbox.attach(f"{path}.dp1")
@@ -67,7 +67,7 @@ def test_every_data_parallel_rank_must_steer(tmp_path):
 def test_an_engine_restart_starts_the_mirror_anew_and_nothing_is_written(tmp_path):
     path = tmp_path / "engine.mbx"
     engine(path).publish_startup(0, "old", ANY_LAYER, ROW)
-    view = EngineView(str(path), entries=4)
+    view = EngineView(str(path))
     assert reason(view, id="old") == "applied"
     engine(path, armed=(3,)).publish_startup(0, "fresh", ANY_LAYER, ROW)  # a new file, new epoch
     before = path.read_bytes(), os.stat(path).st_mtime_ns
@@ -77,8 +77,24 @@ def test_an_engine_restart_starts_the_mirror_anew_and_nothing_is_written(tmp_pat
     assert (path.read_bytes(), os.stat(path).st_mtime_ns) == before
 
 
+def test_the_engines_own_settings_judge_not_this_processes_environment(tmp_path, monkeypatch):
+    """The API server and the engine core may run with different ``HOTWIRE_*`` (a headless
+    engine on another node, a sidecar): the verdict goes by what the engine published."""
+    monkeypatch.setenv("HOTWIRE_PROJECTION_LAYERS", "")
+    monkeypatch.setenv("HOTWIRE_ENTRIES", "4")
+    path = tmp_path / "engine.mbx"
+    box = EngineMailbox.create(str(path), FP, 8)
+    box.set_armed([1, 2], entries=2, projecting=[2])  # HOTWIRE_ENTRIES=2 HOTWIRE_PROJECTION_LAYERS=2 there
+    box.publish_startup(0, "v", ANY_LAYER, ROW)
+    view = EngineView(str(path))
+    assert reason(view, id="v", layer=2, mode="ablate") == "applied"
+    assert reason(view, id="v", layer=1, mode="ablate") == "unarmed_projection"
+    assert view.judge(json.dumps([{"id": "v", "layer": 1}] * 3)).reason == "too_many_entries"
+    assert view.judge(json.dumps([{"id": "v", "layer": 1}] * 2)).reason is None
+
+
 def test_without_a_readable_mailbox_a_spec_is_unverified(tmp_path):
-    view = EngineView(str(tmp_path / "absent.mbx"), entries=4)
+    view = EngineView(str(tmp_path / "absent.mbx"))
     assert view.judge(json.dumps({"id": "v", "layer": 1})).header == b"unverified; reason=no_mailbox"
     assert view.judge("not json").reason == "malformed"  # the spec itself is still checked
-    assert EngineView(None, entries=4).judge(json.dumps({"id": "v", "layer": 1})).state == "unverified"
+    assert EngineView(None).judge(json.dumps({"id": "v", "layer": 1})).state == "unverified"

@@ -13,7 +13,7 @@ def test_control_side_sees_the_engines_fingerprint_and_startup_slots(tmp_path):
     path = str(tmp_path / "e.mbx")
     engine = EngineMailbox.create(path, FP, n_slots=5)
     engine.publish_startup(0, "boot", ANY_LAYER, np.full(8, 2.0, np.float32))
-    engine.set_armed([1, 2])
+    engine.set_armed([1, 2], entries=4)
     control = ControlMailbox.attach(path)
     assert control.fingerprint == FP and control.armed_layers() == [1, 2] and control.epoch == engine.epoch
     e = control.read_entry(0, with_row=True)

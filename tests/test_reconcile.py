@@ -156,7 +156,7 @@ def test_engine_that_has_not_armed_yet_is_not_ready(rig):
     assert r.status_code == 503 and "armed" in r.json()["reason"]
     r = rig.push("early", exact_vector(H))
     assert (r.status_code, r.json()["error"]["code"]) == (503, "engine_starting")
-    rig.engine.box.set_armed(list(range(FP.n_layers)))
+    rig.engine.box.set_armed(list(range(FP.n_layers)), entries=4)
     wait_until(lambda: rig.http.get("/readyz").status_code == 200)
 
 

@@ -51,7 +51,7 @@ def _no_versions():
 def test_a_dp_ranks_salt_follows_its_own_mailbox(tmp_path, monkeypatch):
     base = tmp_path / "engine.mbx"
     monkeypatch.setenv("HOTWIRE_MAILBOX", str(base))
-    EngineMailbox.create(str(base), FP, n_slots=4).set_armed([1])
+    EngineMailbox.create(str(base), FP, n_slots=4).set_armed([1], entries=4)
     rank1 = SimpleNamespace(parallel_config=SimpleNamespace(data_parallel_index=1))
     sync = _sync(CoreSync._open_mailbox(HotwireConfig.from_env(), rank1, FP, [1], []))  # rank 1's engine core
     own = f"{base}.dp1"

@@ -1,7 +1,9 @@
 """The engine's admission decision, taken in the API server before a request is sent on.
 
 The engine core applies its mailbox's directory at the start of every step, before it admits
-that step's new requests, and publishes which layers it armed. So what the directory holds when
+that step's new requests, and publishes what it admits by: the layers it armed, those where a
+projecting mode can read the stream, and the entries a request may have per layer (its own
+``HOTWIRE_*`` settings, which this process's environment need not share). So what the directory holds when
 a request arrives (ACTIVE entries, read consistently, that the engine would not reject) is what
 the request's admission will see. From a read-only copy (:class:`~hotwire.shared.mailbox.MailboxView`:
 this process never writes), a private :class:`~hotwire.engine_plugin.registry.Registry` is bound
@@ -27,7 +29,6 @@ from hotwire.shared.mailbox import ACTIVE, MailboxError, MailboxView, entry_prob
 from hotwire.shared.spec import SPEC_KEY, SpecError, parse_spec
 
 from ..admission import Admission, Refused
-from ..config import HotwireConfig
 from ..delta import PendingDelta
 from ..registry import Registry
 from ..stream_bound import StreamBudget
@@ -43,14 +44,14 @@ class _Rank:
     :class:`~..registry.Registry`); it starts anew when the engine makes a new mailbox.
     """
 
-    def __init__(self, path: str, entries: int):
-        self.path, self.entries = path, entries
+    def __init__(self, path: str):
+        self.path = path
         self._view: MailboxView | None = None
         self._key: tuple[int, ...] | None = None
         self._bound: dict[int, int] = {}  # slot -> seq of the content the mirror holds
         self._registry: Registry | None = None
         self._pending: PendingDelta | None = None
-        self._armed: list[int] | None = None
+        self._settings: tuple[list[int], frozenset[int], int] | None = None  # the engine's (admission_settings)
         self._budget: StreamBudget | None = None
         self._admission: Admission | None = None
 
@@ -89,7 +90,7 @@ class _Rank:
             if not isinstance(dtype, torch.dtype):
                 view.close()
                 raise MailboxError(f"{self.path} names no torch dtype ({view.fingerprint.dtype!r})")
-            self._view, self._key, self._bound, self._armed = view, None, {}, None
+            self._view, self._key, self._bound, self._settings = view, None, {}, None
             self._registry = Registry(view.n_slots)
             self._pending = PendingDelta(view.hidden, dtype)
             self._budget = StreamBudget.of(dtype)
@@ -115,20 +116,18 @@ class _Rank:
         delta = self._pending.take()
         if delta is not None:
             delta.apply(self._registry, None)
-        armed = view.armed_layers()
-        if armed != self._armed:
-            self._armed = armed
-            projecting = HotwireConfig.from_env().projecting_layers(fp.n_layers)  # the engine's, by env
-            self._admission = Admission(self._registry, armed=armed, entries=self.entries,
-                                        requests=1, budget=self._budget, counters=None,
-                                        projecting=projecting)
+        settings = view.admission_settings()  # the engine core's own, whatever this process's env says
+        if settings != self._settings:
+            self._settings = armed, projecting, entries = settings
+            self._admission = Admission(self._registry, armed=armed, entries=entries, requests=1,
+                                        budget=self._budget, counters=None, projecting=projecting)
 
 
 class EngineView:
     """Judges specs against every engine rank behind this API server."""
 
-    def __init__(self, mailbox: str | None, entries: int):
-        self.mailbox, self.entries = mailbox, entries
+    def __init__(self, mailbox: str | None):
+        self.mailbox = mailbox
         self._ranks: dict[str, _Rank] = {}
 
     def judge(self, text: str) -> Verdict | None:
@@ -157,5 +156,5 @@ class EngineView:
     def _rank(self, path: str) -> _Rank:
         rank = self._ranks.get(path)
         if rank is None:
-            rank = self._ranks[path] = _Rank(path, self.entries)
+            rank = self._ranks[path] = _Rank(path)
         return rank

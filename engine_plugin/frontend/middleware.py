@@ -52,7 +52,7 @@ class HotwireMiddleware:
         if settings.control_url is not None:
             self.presets = PresetSource(settings.control_url, settings.read_token,
                                         settings.presets_ttl_s)
-        self.planner = Planner(settings.strict, EngineView(cfg.mailbox, cfg.entries), self.presets)
+        self.planner = Planner(settings.strict, EngineView(cfg.mailbox), self.presets)
         log.info("hotwire: API server checks specs on %s before the engine (strict %s, presets "
                  "from %s)", ", ".join(sorted(paths)), "on" if settings.strict else "off",
                  settings.control_url or "nowhere")
