@@ -57,6 +57,11 @@ class Router:
         self._row_gated = np.zeros(rows, dtype=bool)  # [R+1]: the request row has gates (the op reads tok_row)
 
     @property
+    def in_place(self) -> bool:
+        """Does the device read the uploads where the host wrote them (no copy call)?"""
+        return self._rows_ring.direct and self._tok_ring.direct
+
+    @property
     def steering(self) -> bool:
         """Does the last routed step send any token to a request row (else nothing is steered)?"""
         return len(self._tok) > 0

@@ -18,13 +18,8 @@ request arrives or the batch changes. So:
 
 from __future__ import annotations
 
-import logging
-
 import numpy as np
 import torch
-
-log = logging.getLogger("vllm.hotwire")
-
 
 def _staged(a: np.ndarray, device: torch.device) -> torch.Tensor:
     t = torch.from_numpy(np.ascontiguousarray(a))
@@ -45,6 +40,7 @@ def _unified_view(host: torch.Tensor) -> torch.Tensor | None:
     """A CUDA tensor aliasing pinned ``host`` (unified virtual addressing, through vLLM's own
     op), None where vLLM or the platform offers none."""
     try:
+        import vllm._C  # noqa: F401  (its library holds the op)
         from vllm.utils.platform_utils import is_uva_available
         from vllm.utils.torch_utils import get_accelerator_view_from_cpu_tensor
 
@@ -76,8 +72,6 @@ class HostRing:
         self._read = views if self.direct else self._host
         self._device = device
         self._i = -1
-        if cuda and not self.direct:
-            log.info("hotwire: no unified addressing for pinned buffers here; routing uploads are copies")
 
     def next(self) -> np.ndarray:
         """The next buffer, to fill on the host (its previous contents stay until overwritten)."""

@@ -173,6 +173,13 @@ def test_ranks_of_a_pipeline_write_the_entries_of_their_own_layers(tmp_path):
 
 
 @pytest.mark.gpu
+def test_on_cuda_the_device_reads_routing_uploads_in_place(tmp_path):
+    """With vLLM's unified-address view, a step's uploads are no copy call (staging.HostRing);
+    without it they would be, and the served host path would pay for each."""
+    assert Rig(tmp_path, "cuda").router.in_place
+
+
+@pytest.mark.gpu
 def test_host_path_only_enqueues_work_behind_a_busy_gpu(tmp_path):
     """vLLM overlaps the next step's host work with the running step, so registering a vector,
     admitting requests and routing a step must not wait for the GPU: with ~1 s of work queued
