@@ -6,31 +6,42 @@ the ratio narrower than 1 % and on one side of 0.99. A server armed only on the 
 requests steer splits the cost of arming every layer (one kernel per armed layer per step) from the
 rest, and an eager-mode hotwire server gives the contrast (``--enforce-eager``: no torch.compile, no
 CUDA graphs, what hook-based steering pays), as does the plugin this one grew out of (hotwire-vllm
-0.1.2 from PyPI, ``original``). Separate server processes on the lent H200 differ by
-up to 30 % from one start to the next, so the servers run side by side in one run and every ratio
-pairs two windows measured back to back. Rounds that timed a fixed set of requests from first send
-to last answer scattered by 5-12 % (ramp-up and tail), so the intervals straddled 0.99; this
-measures the steady state instead (``serving.py``: windows).
+0.1.2 from PyPI, ``original``), and a second plugin-free server (``plugin_free_2``) gives the
+method's own null: its ratio to plugin-free should be 1 within the interval. Separate server
+processes on the lent H200 differ by up to 30 % from one start to the next, so the servers run side
+by side in one run and every ratio pairs windows measured close together. Rounds that timed a fixed
+set of requests from first send to last answer scattered by 5-12 % (ramp-up and tail), so the
+intervals straddled 0.99; this measures the steady state instead (``serving.py``: windows).
+
+Two designs. Sequential (the default): one server under load at a time, A B B A. Simultaneous
+(``--simultaneous``): every server under its own load at once, each ratio of two windows over the
+same seconds. On the H200 one server's sequential windows scattered by 8-14 % and consecutive
+windows' residuals were correlated whichever server ran: much of the noise is common to whatever
+runs at that moment (the host, a shared machine), which only windows over the same seconds cancel
+(``simultaneous.py``).
 
 How:
 * Servers: ``python -m vllm.entrypoints.openai.api_server`` subprocesses, each in its own session
   (its process group is killed on exit), started together and awaited on ``/health`` (a server that
   dies fails the run at once, with its log tail): ``plugin_free`` (``VLLM_PLUGINS=none``; checked to
-  create no mailbox), ``hotwire`` (the plugin loaded through its entry point, 256 random startup
-  vectors from ``HOTWIRE_VECTORS``, its own ``HOTWIRE_MAILBOX``, every layer armed), ``hotwire_2``
-  (the same, ``HOTWIRE_LAYERS`` = the two steered layers), ``eager`` (hotwire with
-  ``--enforce-eager``) and ``original`` (hotwire-vllm 0.1.2 installed in ``--original-site``, run
-  alone: ``original_plugin.py`` says why that takes more than ``PYTHONPATH``, and checks with vLLM's
-  own plugin loader that it loads exactly that plugin; the startup vectors as ``.pt`` files,
-  ``HOTWIRE_SLOTS`` = the distinct entries of the spec pool, 256), as ``--servers`` lists them.
+  create no mailbox), ``plugin_free_2`` (the same flags: the A/A control, reported as a contrast),
+  ``hotwire`` (the plugin loaded through its entry point, 256 random startup vectors from
+  ``HOTWIRE_VECTORS``, its own ``HOTWIRE_MAILBOX``, every layer armed), ``hotwire_2`` (the same,
+  ``HOTWIRE_LAYERS`` = the two steered layers), ``eager`` (hotwire with ``--enforce-eager``) and
+  ``original`` (hotwire-vllm 0.1.2 installed in ``--original-site``, run alone:
+  ``original_plugin.py`` says why that takes more than ``PYTHONPATH``, and checks with vLLM's own
+  plugin loader that it loads exactly that plugin; the startup vectors as ``.pt`` files,
+  ``HOTWIRE_SLOTS`` = the distinct entries of the spec pool, 256), as ``--servers`` lists them, at
+  most ``MAX_SERVERS`` (4).
   GPU: a Qwen3 shape (``write_config``), ``--load-format dummy``, bf16, ``TRITON_ATTN``,
   ``--skip-tokenizer-init`` (prompts are token ids; vLLM returns token ids without detokenizing,
   which suits a dummy model's arbitrary ids), vLLM's default torch.compile and CUDA graphs. Each
   server is pinned to its own ``SERVER_CORES`` physical cores and the load generator to the rest
-  (``cpu_plan``; skipped when the CPUs are too few, and within ``taskset`` when run under it). The
-  servers share one GPU: each gets ``--gpu-memory-utilization 0.25`` and an explicit
-  ``--kv-cache-memory-bytes`` (room for every request at the largest concurrency, so nothing is
-  preempted).
+  (``cpu_plan``: one core per process of the sequential load; simultaneous, all servers' load
+  processes, ``CLIENTS_PER_CORE`` to a core; skipped when the CPUs are too few, and within
+  ``taskset`` when run under it). The servers share one GPU: each gets ``--gpu-memory-utilization
+  0.25`` and an explicit ``--kv-cache-memory-bytes`` (room for every request at the largest
+  concurrency, so nothing is preempted).
 * Load: ``/v1/completions`` with random token-id prompts (128 tokens), ``max_tokens`` uniform in
   64-192 (each slot's first request the rest of one under way: the load starts in its steady
   state, ``serving.bodies``), ``ignore_eos``, greedy; every other request carries ``"vllm_xargs": {"hotwire": spec}``
@@ -39,23 +50,38 @@ How:
   the stream, in turn (``serving.bodies``: ``pool``; the JSON's ``spec_pool``), since the original
   keeps a slot for every distinct (id, layer, scale) for good and leaves an entry it cannot hold
   unsteered.
-  A closed loop keeps exactly C requests in flight, spread over ``--client-processes`` processes
-  (asyncio + httpx each). Every server of a round is sent the same request sequence (a plugin-free
-  server ignores the spec).
-* A window, one server at a time (the others idle): start the load, let it settle ``--settle-s``,
-  read ``/metrics``, wait ``--window-s``, read again, then stop the load (its requests in flight are
-  cancelled, and counted) and wait until the server runs nothing. Tokens/s = the difference of the
-  server's ``vllm:generation_tokens_total`` over the time between the two reads.
-* Order: per concurrency, a warm-up window per server (not in the ratios), then rounds of two
-  windows per server, A B B A (the next round B A A B), until ``--rounds`` or until the next round
-  would overrun ``--budget-s`` (the remaining budget is split evenly over the concurrencies still
-  to run). Why: on the H200 the server measured right after the other one's window was the slower
-  one in 7 of 8 rounds of one window each (10-25 %), whichever it was; in A B B A each server has
-  one window after the other's and one after its own, and linear drift cancels. Per round the
-  ratio of each server's mean tokens/s to plugin-free's; reported: the median
-  ratio, its range, a bootstrap 95 % interval of the median and that interval's width, and a verdict:
-  "met" or "not met" only when the interval lies on one side of 0.99 (and at least
-  ``MIN_ROUNDS`` rounds ran), "unresolved" otherwise; ``resolved``: the interval is narrower than 1 %.
+  A closed loop keeps exactly C requests in flight, spread over load-generator processes (asyncio +
+  httpx each): sequential, one load of ``--client-processes`` (default 4) that serves each server in
+  turn; simultaneous, one load per server of ``--client-processes`` each (default one per 128 in
+  flight: 1 at 64, 2 at 256, so four servers' loads fit beside 4 x 3 pinned cores on the H200's 16,
+  ``simultaneous.default_processes``). Every server is sent the same request sequence (a
+  plugin-free server ignores the spec).
+* A window, sequential, one server at a time (the others idle): start the load, let it settle
+  ``--settle-s``, read ``/metrics``, wait ``--window-s``, read again, then stop the load (its
+  requests in flight are cancelled, and counted) and wait until the server runs nothing.
+  Simultaneous: every server's load starts together and runs without a stop; window edges come
+  every ``--window-s``, and at each edge every server's snapshot is read, one server after the
+  other, in an order that alternates from edge to edge (``simultaneous.read_order``: a server read
+  first at a window's start is read last at its end, so every server's window has the same
+  midpoint); each window runs from one edge to the next. Tokens/s = the difference of the server's
+  ``vllm:generation_tokens_total`` over the time between its two reads.
+* Order: per concurrency, sequential: a warm-up window per server (not in the ratios), then rounds
+  of two windows per server, A B B A (the next round B A A B), until ``--rounds`` or until the next
+  round would overrun ``--budget-s`` (the remaining budget is split evenly over the concurrencies
+  still to run). Why: on the H200 the server measured right after the other one's window was the
+  slower one in 7 of 8 rounds of one window each (10-25 %), whichever it was; in A B B A each server
+  has one window after the other's and one after its own, and linear drift cancels. Per round the
+  ratio of each server's mean tokens/s to plugin-free's. Simultaneous: a warm-up window from the
+  load's start (``--settle-s`` + ``--window-s``, its ramp included, not in the ratios), then
+  back-to-back windows until ``--rounds`` windows or until the next would end past the
+  concurrency's share of the budget; per window the ratio of each server's tokens/s to
+  plugin-free's over the same seconds (a "round" of one window per server in the JSON).
+  Reported: the median ratio, its range, a bootstrap 95 % interval of the median and that
+  interval's width (sequential: rounds drawn independently; simultaneous: a moving-block bootstrap
+  in blocks of ``BLOCK`` (3) consecutive windows, since windows back to back may be correlated,
+  ``serving.median_ci``), and a verdict: "met" or "not met" only when the interval lies on one side
+  of 0.99 (and at least ``MIN_ROUNDS`` rounds, or ``MIN_ROUNDS`` blocks of windows, ran),
+  "unresolved" otherwise; ``resolved``: the interval is narrower than 1 %.
 * Where the time goes, per window: engine steps (``vllm:iteration_tokens_total``) and wall ms per
   step, CPU seconds per server process (API server, engine core; CUDA's spin-wait counts as busy)
   and of the load generator, and for hotwire servers hotwire's own host time from its mailbox
@@ -66,22 +92,38 @@ How:
   edges (a window of 5 s spans 5-20 of them); counters an engine does not publish are left out.
 * Checks (a benchmark that silently stops steering must fail): every completed response is 200 with
   ``usage.completion_tokens == max_tokens`` (a dropped connection is re-sent up to twice and
-  counted, ``resent``; a failed run prints every server's log tail); per window, after the server
-  went idle, each hotwire server's mailbox counters count at least the steered requests that
-  completed and at most those sent, and no ``unsteered_*`` refusal; no preemption. At start and at
-  the end, every server that steers answers one greedy request steered otherwise than unsteered, and
-  unsteered as plugin-free does (but ``eager``, whose kernels differ): ``serving.probe_steering``,
-  the answers in the JSON's ``steering_probe``. The original has no counters: it warns on stderr of
-  every entry it leaves unsteered (bank full, unknown id, malformed spec, a failed fill), and such a
-  line in its log fails the run (``original_plugin.LogWatch``, read after every window).
+  counted, ``resent``; a failed run prints every server's log tail); no preemption in any window;
+  each hotwire server's mailbox counters, read while it is idle, count at least the steered
+  requests that completed and at most those sent, and no ``unsteered_*`` refusal: sequential, per
+  window, after the server went idle; simultaneous, over the whole stretch of one concurrency, from
+  a read before its load starts to one after the load stopped and every server went idle, against
+  that load's counts (the JSON's ``stretches``). At start and at the end, every server that steers
+  answers one greedy request steered otherwise than unsteered, and unsteered as plugin-free does
+  (but ``eager``, whose kernels differ): ``serving.probe_steering``, the answers in the JSON's
+  ``steering_probe``. The original has no counters: it warns on stderr of every entry it leaves
+  unsteered (bank full, unknown id, malformed spec, a failed fill), and such a line in its log
+  fails the run (``original_plugin.LogWatch``, read after every window).
 
-The JSON (``--out``) is rewritten after every round, so a time-out keeps what was measured.
-Run time: start-up (~2 min at 0.6B on the H200, the servers in parallel) plus, per server window,
-``--settle-s`` + ``--window-s`` + ~1 s (stop, drain); with the defaults and two servers a round (four
-windows) takes ~32 s, so the default budget (450 s) fits a warm-up and ~4 rounds at each of 64 and
-256 in flight; give one concurrency the whole budget for more.
+Bias of the simultaneous design: the servers share the GPU at the same moment, so the GPU time
+hotwire adds delays its neighbours' kernels, plugin-free's among them, and raises hotwire's ratio.
+At 256 in flight the step is host-bound (18-22 ms a step, the engine core busy throughout), and what
+hotwire adds on the GPU is its op's launches: 54 µs per step with every layer armed at B = 256 (0.6B,
+docs/performance.md, "Decode: what the current op costs"), 4 µs with two armed. Were every such µs
+to delay plugin-free one for one (the switches between the processes' contexts not counted), its
+step would lengthen by at most ~54 µs per ~20 ms hotwire step: the ratio overstates hotwire by at
+most ~0.3 % (at 64 in flight, 50 µs per ~8.7 ms step: ~0.6 %). ``plugin_free_2``'s ratio shows
+any asymmetry of placement (cores, read order), not this transfer, which slows both plugin-free
+servers alike.
+
+The JSON (``--out``) is rewritten after every round (window), so a time-out keeps what was
+measured. Run time: start-up (~2 min at 0.6B on the H200, the servers in parallel; ~2-2.5 min for
+four) plus, sequential, per server window ``--settle-s`` + ``--window-s`` + ~1 s (stop, drain): with
+the defaults and two servers a round (four windows) takes ~32 s, so the default budget (450 s)
+fits a warm-up and ~4 rounds at each of 64 and 256 in flight, and a third server makes a round six
+windows (~48 s); simultaneous, whatever the number of servers, ``--settle-s`` + ``--window-s`` of
+warm-up, then one window every ``--window-s``, and a few seconds to stop and drain: a concurrency
+given 270 s of budget gets ~50 windows. Give one concurrency the whole budget for more.
 An ``eager`` server steps ~50 ms on the H200 (``decode.py``): give it a longer settle.
-A third server makes a round six windows (~48 s).
 ``--smoke`` runs the tiny random model on CPU (fp32, eager, small lengths and concurrency): it
 checks the script end to end; its numbers mean nothing. It refuses ``original``: the original
 cannot steer on CPU (``original_plugin.py``).
@@ -92,13 +134,16 @@ The original, on a machine without network (``h200.sh serve`` installs it from t
     pip install --no-deps --no-index --target /tmp/hotwire-vllm-0.1.2 .device/extra/hotwire_vllm-0.1.2-py3-none-any.whl
 
     python benchmarks/serve_throughput.py --shape qwen3-0.6b --out benchmarks/results/h200-DATE-serve-qwen3-0.6b.json
+    python benchmarks/serve_throughput.py --simultaneous --concurrency 256 --servers hotwire plugin_free_2 --out OUT.json
     python benchmarks/serve_throughput.py --servers hotwire original --original-site /tmp/hotwire-vllm-0.1.2 --out OUT.json
     python benchmarks/serve_throughput.py --smoke --out /tmp/serve-smoke.json   # CPU, end to end only
+    python benchmarks/serve_throughput.py --smoke --simultaneous --servers hotwire plugin_free_2 --out /tmp/sim.json
 """
 
 from __future__ import annotations
 
 import argparse
+import itertools
 import json
 import os
 import platform
@@ -117,19 +162,24 @@ from hotwire.tools.tiny_model import benchmark_model, steered_layers
 from serving import (SERVER_CORES, Load, Server, add_common_args, check_steering, cpu_plan, engine_args, median,
                      median_ci, pool_entries, probe_steering, running, snapshot, start_run, startup_vectors,
                      steer_spec, verdict, wait_ready, window_row, write_vectors)
+from simultaneous import CLIENTS_PER_CORE, LoadSet, default_processes, edge, windows
 
 TARGET = 0.99
-MIN_ROUNDS = 5  # fewer rounds' bootstrap interval is too narrow to trust: "unresolved"
+MIN_ROUNDS = 5  # fewer rounds' (or blocks') bootstrap interval is too narrow to trust: "unresolved"
 RESOLVED_WIDTH = 0.01  # the target asks for a 95 % interval narrower than this
+BLOCK = 3  # --simultaneous: windows per block of the moving-block bootstrap (neighbours may correlate)
+SEQUENTIAL_CLIENTS = 4  # load-generator processes of the sequential design's one load
 GPU_MEMORY_UTILIZATION = 0.25  # per server: what vLLM checks is free at its start (the KV cache is sized)
+MAX_SERVERS = int(1 / GPU_MEMORY_UTILIZATION)  # that many share the GPU
 SERVERS = {  # name: (hotwire loaded, --enforce-eager, armed only on the steered layers, the original instead)
     "plugin_free": (False, False, False, False),
     "hotwire": (True, False, False, False),
     "hotwire_2": (True, False, True, False),
     "eager": (True, True, False, False),
     "original": (False, False, False, True),
+    "plugin_free_2": (False, False, False, False),  # the A/A control: the method's own null
 }
-CONTRASTS = ("eager", "original")  # reported beside plugin-free; the target is on the others
+CONTRASTS = ("eager", "original", "plugin_free_2")  # reported beside plugin-free; the target is on the others
 ORIGINAL_POOL = 128  # specs the steered requests draw from when the original runs: 256 slots
 PROBE_TOKENS = 16
 HOST_FIELDS = ("host_us_per_step", "steady_us_per_step", "changed_us_per_step", "core_us_per_step",
@@ -226,8 +276,114 @@ def _check_pending(server: Server, pending: dict) -> dict[str, int]:
     return after
 
 
+def _rounds(load: Load, servers: list[Server], client: httpx.Client, c: int, make: dict, args: argparse.Namespace,
+            c_end: float, rounds: int, pending: dict, watches: dict, save) -> None:
+    """One concurrency in the sequential design: a warm-up window per server, then A B B A rounds
+    (module docstring: Order)."""
+    names = [s.name for s in servers]
+    result = save.result
+    t = time.monotonic()
+    for s in servers:
+        row = _window(load, s, client, c, {**make, "seed": 10_000 + c}, args, pending, watches)
+        result["samples"].append({"concurrency": c, "round": -1, "server": s.name, **row})
+        print(f"C={c} warm-up {s.name}: {row['tokens_per_s']:.0f} tok/s", flush=True)
+    result["phases_s"][f"c{c}_warmup"] = round(time.monotonic() - t, 1)
+    t_rounds, last = time.monotonic(), time.monotonic() - t
+    result["stopped_by"][str(c)] = "rounds"
+    for r in range(rounds):
+        if time.monotonic() + last > c_end:
+            result["stopped_by"][str(c)] = "budget"
+            break
+        t = time.monotonic()
+        order = servers if r % 2 == 0 else servers[::-1]
+        order = order + order[::-1]  # A B B A: each server once after the other, once after itself
+        rows: dict[str, list[dict]] = {}
+        for s in order:
+            w = _window(load, s, client, c, {**make, "seed": 1000 * c + r}, args, pending, watches)
+            rows.setdefault(s.name, []).append(w)
+            result["samples"].append({"concurrency": c, "round": r, "server": s.name, **w})
+        save()  # partial results survive a time-out
+        last = time.monotonic() - t
+        print(f"C={c} round {r} ({' '.join(s.name for s in order)}): {_cells(rows, names)} ({last:.0f} s)", flush=True)
+    result["phases_s"][f"c{c}_rounds"] = round(time.monotonic() - t_rounds, 1)
+
+
+def _stretch(loads: LoadSet, servers: list[Server], client: httpx.Client, c: int, make: dict,
+             args: argparse.Namespace, c_end: float, rounds: int, watches: dict, save) -> None:
+    """One concurrency in the simultaneous design: every server's load started together and run
+    without a stop through a warm-up window and back-to-back windows that share their edges, then
+    the steering checked over the whole stretch (module docstring: How, Order, Checks)."""
+    names = [s.name for s in servers]
+    result = save.result
+    processes = args.client_processes or default_processes(c)
+    before = {s.name: s.counters_after(clock_ns()) for s in servers if s.plugin}  # idle: all counted
+    t0 = time.monotonic()
+    loads.start(c, {**make, "seed": 10_000 + c}, time.time() + (c_end - t0) + 120, processes)
+    a = edge(servers, loads, client, 0)
+    target = time.monotonic() + args.settle_s + args.window_s
+    result["stopped_by"][str(c)] = "rounds"
+    for k in itertools.count(1):
+        loads.wait(target)
+        b = edge(servers, loads, client, k)
+        rows, a, w = windows(a, b), b, k - 2  # window -1: the warm-up (from the start, its ramp included)
+        for s in servers:
+            if rows[s.name]["preemptions"]:
+                raise SystemExit(f"{s.name}: {rows[s.name]['preemptions']} preemptions: the KV cache is too small")
+            _check_log(s, watches)
+            result["samples"].append({"concurrency": c, "round": w, "server": s.name, **rows[s.name]})
+        save()  # partial results survive a time-out
+        print(f"C={c} {'warm-up' if w < 0 else f'window {w}'}: {_cells({n: [rows[n]] for n in names}, names)}",
+              flush=True)
+        if w + 1 >= rounds:
+            break
+        if target + args.window_s > c_end:
+            result["stopped_by"][str(c)] = "budget"
+            break
+        target += args.window_s
+    sent = loads.stop()
+    stretch = {s.name: {"drain_s": round(s.wait_idle(client), 3)} for s in servers}
+    idle_ns = clock_ns()
+    for s in servers:
+        mine = sent[s.name]
+        stretch[s.name].update({k: mine.get(k, 0) for k in ("completed", "cancelled", "resent")},
+                               ms_per_token_p50=mine["ms_per_token_p50"], client_cpu_s=mine["client_cpu_s"])
+        if s.plugin:
+            stretch[s.name]["steered_counted"] = check_steering(s.name, before[s.name], s.counters_after(idle_ns), mine)
+        _check_log(s, watches)
+    result["stretches"][str(c)] = {"client_processes": processes, "seconds": round(time.monotonic() - t0, 1),
+                                   "servers": stretch}
+    result["phases_s"][f"c{c}_stretch"] = round(time.monotonic() - t0, 1)
+    save()
+
+
+def _cells(rows: dict[str, list[dict]], names: list[str]) -> str:
+    """A progress line's figures: each server's mean tokens/s, the ratios, hotwire's steady host µs."""
+    pf = _mean_tokens(rows["plugin_free"])
+    cells = [f"{n} {_mean_tokens(rows[n]):.0f}" for n in names] + \
+            [f"{n}/plugin_free {_mean_tokens(rows[n]) / pf:.4f}" for n in names[1:]]
+    host = [f"{n} {rows[n][-1]['steady_us_per_step']:.1f}" for n in names
+            if rows[n][-1].get("steady_us_per_step") is not None]
+    return f"tok/s {', '.join(cells)}" + (f"; steady host µs/step {', '.join(host)}" if host else "")
+
+
+class _Save:
+    """Rewrites the JSON (``--out``) with its summary rows: a time-out keeps what was measured."""
+
+    def __init__(self, result: dict, out: Path, block: int):
+        self.result, self.out, self.block = result, out, block
+
+    def __call__(self) -> None:
+        self.result["rows"] = _summary(self.result["samples"], self.result["concurrency"], self.result["servers"],
+                                       self.block)
+        self.out.write_text(json.dumps(self.result, indent=1))
+
+
 # ---------------------------------------------------------------- report
-def _summary(samples: list[dict], concurrency: list[int], names: list[str]) -> list[dict]:
+def _summary(samples: list[dict], concurrency: list[int], names: list[str], block: int = 1) -> list[dict]:
+    """Per concurrency: each server's medians over its windows, and each ratio to plugin-free per
+    round (sequential: of the round's mean tokens/s; simultaneous, ``block`` > 1: of the two windows
+    over the same seconds) with its median, range and bootstrap interval (``serving.median_ci``, in
+    blocks of ``block`` rounds) and a verdict for the target servers."""
     rounds_by_c = {}
     for s in samples:
         if s["round"] >= 0:
@@ -239,7 +395,7 @@ def _summary(samples: list[dict], concurrency: list[int], names: list[str]) -> l
                 len({len(w) for w in r.values()}) == 1]
         if not full:
             continue
-        row = {"concurrency": c, "rounds": len(full)}
+        row = {"concurrency": c, "rounds": len(full), "block": block}
         for n in names:
             mine = [x for r in full for x in r[n]]  # every window of the server
             row[f"{n}_tokens_per_s"] = round(median([x["tokens_per_s"] for x in mine]), 1)
@@ -255,7 +411,7 @@ def _summary(samples: list[dict], concurrency: list[int], names: list[str]) -> l
                     row[f"{n}_{field}"] = round(value, 5)
         for n in names[1:]:
             ratios = [_mean_tokens(r[n]) / _mean_tokens(r["plugin_free"]) for r in full]
-            ci = median_ci(ratios)
+            ci = median_ci(ratios, block)
             row[f"{n}_over_plugin_free"] = round(median(ratios), 4)
             row[f"{n}_over_plugin_free_range"] = [round(min(ratios), 4), round(max(ratios), 4)]
             row[f"{n}_over_plugin_free_ci95"] = ci
@@ -263,7 +419,7 @@ def _summary(samples: list[dict], concurrency: list[int], names: list[str]) -> l
             row[f"{n}_resolved"] = ci[1] - ci[0] < RESOLVED_WIDTH
         # the target is on compiled hotwire servers; eager and the original are the contrasts
         row["target"] = {n: verdict(row[f"{n}_over_plugin_free_ci95"], TARGET, at_least=True)
-                         if len(full) >= MIN_ROUNDS else "unresolved" for n in names[1:] if n not in CONTRASTS}
+                         if len(full) >= MIN_ROUNDS * block else "unresolved" for n in names[1:] if n not in CONTRASTS}
         rows.append(row)
     return rows
 
@@ -272,11 +428,15 @@ def _mean_tokens(windows: list[dict]) -> float:
     return sum(w["tokens_per_s"] for w in windows) / len(windows)
 
 
-def _markdown(rows: list[dict], names: list[str]) -> str:
-    head = ["concurrency", "rounds"] + [f"{n} tok/s" for n in names] + \
+def _markdown(rows: list[dict], names: list[str], simultaneous: bool) -> str:
+    unit = "windows" if simultaneous else "rounds"
+    how = (f"per window (all servers over the same seconds), with their range, a moving-block bootstrap 95 % "
+           f"interval of the median (blocks of {BLOCK} consecutive windows) and its width") if simultaneous else \
+        "per round, with their range, a bootstrap 95 % interval of the median and its width"
+    head = ["concurrency", unit] + [f"{n} tok/s" for n in names] + \
            [f"{n}/plugin_free (min-max) [95 % CI] width" for n in names[1:]]
-    out = [("generated tokens/s over steady-state windows, median over rounds; ratios: median of per-round "
-            "ratios, with their range, a bootstrap 95 % interval of the median and its width"), "",
+    out = [(f"generated tokens/s over steady-state windows, median over {unit}; ratios: median of the ratios "
+            f"{how}"), "",
            "| " + " | ".join(head) + " |", "|" + " --- |" * len(head)]
     for r in rows:
         cells = [str(r["concurrency"]), str(r["rounds"])] + [f"{r[f'{n}_tokens_per_s']:g}" for n in names] + \
@@ -315,32 +475,45 @@ def _markdown(rows: list[dict], names: list[str]) -> str:
                     f"{'' if r[f'{n}_resolved'] else ', not below 0.01'}): {v}" for n, v in r["target"].items()]
         contrasts = [f"{n}/plugin-free {r[f'{n}_over_plugin_free']:.4f} [{r[f'{n}_over_plugin_free_ci95'][0]:.4f}-"
                      f"{r[f'{n}_over_plugin_free_ci95'][1]:.4f}]" for n in CONTRASTS if n in names]
-        out.append(f"C={r['concurrency']} (target >= {TARGET}, {r['rounds']} rounds): " +
+        out.append(f"C={r['concurrency']} (target >= {TARGET}, {r['rounds']} {unit}): " +
                    "; ".join(verdicts + contrasts))
     return "\n".join(out)
 
 
 # ---------------------------------------------------------------- main
+def _check_servers(names: list[str]) -> None:
+    if len(names) > MAX_SERVERS:
+        raise SystemExit(f"{len(names)} servers ({' '.join(names)}): at most {MAX_SERVERS} share the GPU, each "
+                         f"with --gpu-memory-utilization {GPU_MEMORY_UTILIZATION:g}; run the others in another run")
+
+
 def main() -> None:
     t0 = time.monotonic()
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--concurrency", type=int, nargs="+", help="requests in flight (default 64 256; smoke: 4 8)")
     ap.add_argument("--rounds", type=int,
-                    help="most rounds per concurrency (default 30: the budget ends them; smoke: 2)")
+                    help="most rounds (--simultaneous: windows) per concurrency (default 30, --simultaneous no "
+                         "limit: the budget ends them; smoke: 2)")
     ap.add_argument("--window-s", type=float, help="measured window per server and round (default 5; smoke 3)")
     ap.add_argument("--settle-s", type=float, default=2.0, help="load before a window starts (default 2)")
     ap.add_argument("--servers", nargs="+", choices=list(SERVERS), default=["plugin_free", "hotwire"],
-                    help="servers side by side (plugin_free is always one: the ratios are on it)")
+                    help=f"servers side by side, at most {MAX_SERVERS} (plugin_free is always one: the ratios "
+                         "are on it)")
+    ap.add_argument("--simultaneous", action="store_true",
+                    help="every server under its own load at the same time, windows over the same seconds "
+                         "(default: one server at a time, A B B A)")
     ap.add_argument("--original-site", type=Path,
                     help=f"folder holding {original_plugin.DIST} {original_plugin.VERSION} (pip install --no-deps "
                          "--target), for --servers original")
-    add_common_args(ap)
+    add_common_args(ap, clients_help=f"load-generator processes (default {SEQUENTIAL_CLIENTS}; --simultaneous: "
+                                     "per server, default one per 128 in flight)")
     args = ap.parse_args()
     names = ["plugin_free"] + [n for n in dict.fromkeys(args.servers) if n != "plugin_free"]
+    _check_servers(names)
     _check_original_args(args, names)
     gpu = start_run(args.smoke)
     concurrency = args.concurrency or ([4, 8] if args.smoke else [64, 256])
-    rounds = args.rounds or (2 if args.smoke else 30)
+    rounds = args.rounds or (2 if args.smoke else sys.maxsize if args.simultaneous else 30)
     args.window_s = args.window_s or (3.0 if args.smoke else 5.0)
     prompt_len, max_tokens = (16, 8) if args.smoke else (128, 128)
     lengths = (max_tokens // 2, max_tokens + max_tokens // 2)
@@ -353,7 +526,13 @@ def main() -> None:
     pool = ORIGINAL_POOL if original else None
     write_vectors(work / "vectors", shape["hidden_size"])
     engine = engine_args(shape, args.smoke, max(concurrency), prompt_len, max_tokens, GPU_MEMORY_UTILIZATION)
-    plan = None if args.smoke else cpu_plan([SERVER_CORES] * len(names), args.client_processes)
+    if args.simultaneous:  # one load per server, all at once
+        clients = args.client_processes or max(map(default_processes, concurrency))
+        need = (len(names) * clients, CLIENTS_PER_CORE)
+    else:
+        clients = args.client_processes or SEQUENTIAL_CLIENTS
+        need = (clients, 1)
+    plan = None if args.smoke else cpu_plan([SERVER_CORES] * len(names), *need)
     if plan is not None:
         os.sched_setaffinity(0, plan[1])  # this process and the load generator's, which inherit it
     servers = [_server(n, work, model, engine, ",".join(map(str, layers)), plan and plan[0][i], original_env)
@@ -362,16 +541,19 @@ def main() -> None:
     result = {"command": " ".join([Path(sys.executable).name] + sys.argv), "date": time.strftime("%Y-%m-%d %H:%M"),
               "host": platform.node(), "gpu": gpu or "cpu", "torch": version("torch"), "shape": shape_name,
               "config": {k: shape[k] for k in ("hidden_size", "num_hidden_layers", "vocab_size")},
-              "engine": engine, "servers": names, "concurrency": concurrency, "max_rounds": rounds,
+              "engine": engine, "servers": names, "concurrency": concurrency,
+              "design": "simultaneous" if args.simultaneous else "sequential",
+              "max_rounds": None if rounds == sys.maxsize else rounds,
               "window_s": args.window_s, "settle_s": args.settle_s, "budget_s": args.budget_s,
               "prompt_len": prompt_len, "max_tokens_range": lengths, "steered_fraction": args.steered_fraction,
-              "spec_pool": pool, "original": original, "client_processes": args.client_processes,
+              "spec_pool": pool, "original": original, "client_processes": clients,
               "cpus": None if plan is None else {**{n: plan[0][i] for i, n in enumerate(names)}, "clients": plan[1]},
               "env": {k: os.environ[k] for k in ("VLLM_USE_V2_MODEL_RUNNER",) if k in os.environ},
-              "phases_s": {}, "stopped_by": {}, "samples": []}
+              "phases_s": {}, "stopped_by": {}, "stretches": {}, "samples": []}
     args.out.parent.mkdir(parents=True, exist_ok=True)
+    save = _Save(result, args.out, BLOCK if args.simultaneous else 1)
     print(f"work dir (server logs): {work}", flush=True)
-    load = Load(args.client_processes)
+    load = LoadSet(servers, clients) if args.simultaneous else Load(clients)  # spawns while the servers start
     pending: dict = {}
     watches = {s.name: original_plugin.LogWatch(s.log) for s in servers if SERVERS[s.name][3]}
     client = httpx.Client(timeout=30)
@@ -390,37 +572,10 @@ def main() -> None:
             c_end = time.monotonic() + (deadline - time.monotonic()) / (len(concurrency) - i)
             make = dict(vocab=shape["vocab_size"], layers=layers, fraction=args.steered_fraction,
                         prompt_len=prompt_len, max_tokens=lengths, pool=pool)
-            t = time.monotonic()
-            for s in servers:
-                row = _window(load, s, client, c, {**make, "seed": 10_000 + c}, args, pending, watches)
-                result["samples"].append({"concurrency": c, "round": -1, "server": s.name, **row})
-                print(f"C={c} warm-up {s.name}: {row['tokens_per_s']:.0f} tok/s", flush=True)
-            result["phases_s"][f"c{c}_warmup"] = round(time.monotonic() - t, 1)
-            t_rounds, last = time.monotonic(), time.monotonic() - t
-            result["stopped_by"][str(c)] = "rounds"
-            for r in range(rounds):
-                if time.monotonic() + last > c_end:
-                    result["stopped_by"][str(c)] = "budget"
-                    break
-                t = time.monotonic()
-                order = servers if r % 2 == 0 else servers[::-1]
-                order = order + order[::-1]  # A B B A: each server once after the other, once after itself
-                rows: dict[str, list[dict]] = {}
-                for s in order:
-                    w = _window(load, s, client, c, {**make, "seed": 1000 * c + r}, args, pending, watches)
-                    rows.setdefault(s.name, []).append(w)
-                    result["samples"].append({"concurrency": c, "round": r, "server": s.name, **w})
-                result["rows"] = _summary(result["samples"], concurrency, names)
-                args.out.write_text(json.dumps(result, indent=1))  # partial results survive a time-out
-                last = time.monotonic() - t
-                pf = _mean_tokens(rows["plugin_free"])
-                cells = [f"{n} {_mean_tokens(rows[n]):.0f}" for n in names] + \
-                        [f"{n}/plugin_free {_mean_tokens(rows[n]) / pf:.4f}" for n in names[1:]]
-                host = [f"{n} {rows[n][-1]['steady_us_per_step']:.1f}" for n in names
-                        if rows[n][-1].get("steady_us_per_step") is not None]
-                print(f"C={c} round {r} ({' '.join(s.name for s in order)}): tok/s {', '.join(cells)}"
-                      + (f"; steady host µs/step {', '.join(host)}" if host else "") + f" ({last:.0f} s)", flush=True)
-            result["phases_s"][f"c{c}_rounds"] = round(time.monotonic() - t_rounds, 1)
+            if args.simultaneous:
+                _stretch(load, servers, client, c, make, args, c_end, rounds, watches, save)
+            else:
+                _rounds(load, servers, client, c, make, args, c_end, rounds, pending, watches, save)
         for s in servers:
             if s.name in pending:
                 _check_pending(s, pending)
@@ -428,13 +583,12 @@ def main() -> None:
         for s in servers:
             _check_log(s, watches)
     result["phases_s"]["total"] = round(time.monotonic() - t0, 1)
-    result["rows"] = _summary(result["samples"], concurrency, names)
-    args.out.write_text(json.dumps(result, indent=1))
-    print(f"\n{shape_name} on {result['gpu']}, vLLM {result['vllm']}, {args.steered_fraction:.0%} steered, "
-          f"prompt {prompt_len} + {lengths[0]}-{lengths[1]} tokens, windows {args.window_s:g} s after "
-          f"{args.settle_s:g} s, phases {result['phases_s']}"
+    save()
+    print(f"\n{shape_name} on {result['gpu']}, vLLM {result['vllm']}, {result['design']}, "
+          f"{args.steered_fraction:.0%} steered, prompt {prompt_len} + {lengths[0]}-{lengths[1]} tokens, windows "
+          f"{args.window_s:g} s after {args.settle_s:g} s, phases {result['phases_s']}"
           + (" (smoke: the numbers mean nothing)" if args.smoke else "") + "\n")
-    print(_markdown(result["rows"], names))
+    print(_markdown(result["rows"], names, args.simultaneous))
 
 
 if __name__ == "__main__":

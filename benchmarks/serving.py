@@ -234,11 +234,12 @@ def running(procs: list[Managed], load: "Load", client: httpx.Client):
         stop_all(procs)
 
 
-def cpu_plan(cores: list[int], clients: int) -> tuple[list[list[int]], list[int]] | None:
+def cpu_plan(cores: list[int], clients: int, per_core: int = 1) -> tuple[list[list[int]], list[int]] | None:
     """Disjoint CPU sets: ``cores[i]`` physical cores (hyperthread siblings together) for process i,
-    the rest for the load generator (at least ``clients`` physical cores); None when the CPUs this
-    process may use are too few or there is no ``taskset`` to start a process on its set (it execs
-    the process, so a vLLM API server keeps its pid and every process it starts inherits the set).
+    the rest for the load generator's ``clients`` processes, ``per_core`` of them to a physical core
+    (at least ``ceil(clients / per_core)`` cores); None when the CPUs this process may use are too few
+    or there is no ``taskset`` to start a process on its set (it execs the process, so a vLLM API
+    server keeps its pid and every process it starts inherits the set).
 
     Why: a host-bound server's step time follows the core its engine thread lands on; with every
     process free to move, a neighbour on the sibling hyperthread moved whole rounds by 10-20 %.
@@ -252,12 +253,12 @@ def cpu_plan(cores: list[int], clients: int) -> tuple[list[list[int]], list[int]
             siblings = str(cpu)
         by_core.setdefault(siblings, []).append(cpu)
     whole = sorted(by_core.values(), key=len, reverse=True)  # pinned processes first get whole cores
-    take = sum(cores)
+    take, need = sum(cores), -(-clients // per_core)
     taskset = shutil.which("taskset")
-    if len(whole) < take + clients or taskset is None:
+    if len(whole) < take + need or taskset is None:
         why = "no taskset" if taskset is None else (
-            f"{'+'.join(map(str, cores))} pinned + {clients} load-generator processes need {take + clients} "
-            f"physical cores, {len(whole)} allowed")
+            f"{'+'.join(map(str, cores))} pinned + {clients} load-generator processes ({per_core} to a core) "
+            f"need {take + need} physical cores, {len(whole)} allowed")
         print(f"CPU pinning off ({why}): rounds scatter more", file=sys.stderr, flush=True)
         return None
     flat, starts = itertools.chain.from_iterable, [0, *itertools.accumulate(cores)]
@@ -294,12 +295,15 @@ def wait_ready(servers: list[Server], t0: float) -> dict[str, float]:
     return ready
 
 
-def add_common_args(ap: argparse.ArgumentParser) -> None:
-    """The options every served benchmark takes, beside its own."""
+def add_common_args(ap: argparse.ArgumentParser, clients_help: str | None = None) -> None:
+    """The options every served benchmark takes, beside its own. ``clients_help``: a caller that
+    picks the number of load-generator processes itself (``--client-processes`` then defaults to
+    None) says how."""
     ap.add_argument("--shape", default="qwen3-0.6b", help="qwen3-0.6b | qwen3-4b | qwen3-8b (ignored with --smoke)")
     ap.add_argument("--budget-s", type=float, default=450,
                     help="no round starts that would end later than this after the start (default 450)")
-    ap.add_argument("--client-processes", type=int, default=4, help="load-generator processes (default 4)")
+    ap.add_argument("--client-processes", type=int, default=None if clients_help else 4,
+                    help=clients_help or "load-generator processes (default 4)")
     ap.add_argument("--steered-fraction", type=float, default=0.5)
     ap.add_argument("--smoke", action="store_true", help="tiny model on CPU: checks the script, numbers mean nothing")
     ap.add_argument("--out", type=Path, required=True)
@@ -361,9 +365,19 @@ def engine_args(shape: dict, smoke: bool, max_seqs: int, prompt_len: int, max_to
 _STOP = None  # the pool's stop event (set in each load-generator process by _init)
 
 
-def _init(stop) -> None:
-    global _STOP
-    _STOP = stop
+_CPU = None  # the pool's shared array of its processes' CPU seconds (each process writes its own slot)
+_SLOT = None  # this process's slot in it
+
+
+def _init(stop, cpu, taken) -> None:
+    global _STOP, _CPU, _SLOT
+    _STOP, _CPU = stop, cpu
+    with taken.get_lock():
+        _SLOT, taken.value = taken.value, taken.value + 1
+
+
+def _spawned(seconds: float) -> None:
+    time.sleep(seconds)
 
 
 def steer_spec(g: int, layers: tuple[int, int]) -> list[dict]:
@@ -453,6 +467,7 @@ async def _closed_loop(url: str, concurrency: int, make: dict, deadline: float) 
         try:
             while not _STOP.is_set() and time.time() < deadline:
                 await asyncio.sleep(0.02)
+                _CPU[_SLOT] = time.process_time()
                 for t in tasks:
                     if t.done():
                         t.result()  # a request's failure ends the run with its error
@@ -514,25 +529,39 @@ class Load:
     """Load-generator processes (spawned once, reused): a closed loop split over ``clients``
     processes (one asyncio + httpx client tops out before the server does: at 256 in flight one
     process delivered less than at 64, 6.2 k against 10.3 k tokens/s on the H200), and optionally
-    one more for probes."""
+    one more for probes. The processes spawn in the background from here (several loads, and the
+    servers, start together); the first use waits for them."""
 
     def __init__(self, clients: int, probes: bool = False):
         ctx = multiprocessing.get_context("spawn")
         self.stop_event = ctx.Event()
         self.clients = clients
         workers = clients + probes
-        self.pool = ProcessPoolExecutor(workers, mp_context=ctx, initializer=_init, initargs=(self.stop_event,))
-        for f in [self.pool.submit(time.sleep, 1.0) for _ in range(workers)]:  # spawn them all now, not
-            f.result()  # on a first use that would then start late
+        self._cpu = ctx.Array("d", workers)
+        self.pool = ProcessPoolExecutor(workers, mp_context=ctx, initializer=_init,
+                                        initargs=(self.stop_event, self._cpu, ctx.Value("i", 0)))
+        # every process spawned now, not on a first use that would then start late
+        self._spawning = [self.pool.submit(_spawned, 1.0) for _ in range(workers)]
         self._running: list[Future] = []
 
-    def start(self, url: str, concurrency: int, make: dict, deadline: float) -> None:
+    def _ready(self) -> None:
+        for f in self._spawning:
+            f.result()
+        self._spawning = []
+
+    def start(self, url: str, concurrency: int, make: dict, deadline: float, processes: int | None = None) -> None:
         """Start ``concurrency`` requests in flight on ``url``, bodies from :func:`bodies` (``make``
-        less ``client``/``clients``), until :meth:`stop` or ``deadline`` (epoch s)."""
+        less ``client``/``clients``), spread over ``processes`` (at most ``clients``, the default),
+        until :meth:`stop` or ``deadline`` (epoch s)."""
+        self._ready()
         self.stop_event.clear()
-        p = min(self.clients, concurrency)
+        p = min(processes or self.clients, self.clients, concurrency)
         self._running = [self.pool.submit(_client, url, concurrency // p + (i < concurrency % p),
                                           {**make, "client": i, "clients": p}, deadline) for i in range(p)]
+
+    def cpu_seconds(self) -> list[float]:
+        """Each process's CPU seconds so far, as it last wrote them while running a load (every 20 ms)."""
+        return list(self._cpu[:])
 
     def wait(self, until: float) -> None:
         """Sleep until ``until`` (monotonic), failing at once when a load-generator process failed."""
@@ -560,6 +589,7 @@ class Load:
                 "client_cpu_s": [round(part["cpu_s"], 2) for part in parts]}
 
     def probes(self, url: str, start_at: float, duration: float, rate: float, make: dict) -> Future:
+        self._ready()
         return self.pool.submit(_probe_client, url, start_at, duration, rate, {**make, "client": 0, "clients": 1})
 
     def shutdown(self) -> None:
@@ -665,10 +695,23 @@ def probe_steering(reference: Server, steering: list[Server], exact: set[str], c
 
 
 # ---------------------------------------------------------------- statistics
-def median_ci(values: list[float], resamples: int = 2000) -> list[float]:
-    """95 % bootstrap interval of the median: what a run's rounds can resolve."""
+def block_resample(n: int, block: int, resamples: int, rng: np.random.Generator) -> np.ndarray:
+    """Index rows of a moving-block bootstrap of ``n`` values in time order: each row is
+    ``ceil(n / block)`` runs of ``block`` consecutive indices, each run's start drawn uniformly from
+    the ``n - block + 1`` possible, cut to ``n``; ``block`` 1 draws indices independently."""
+    block = max(1, min(block, n))
+    runs = -(-n // block)
+    starts = rng.integers(0, n - block + 1, size=(resamples, runs))
+    return (starts[:, :, None] + np.arange(block)).reshape(resamples, runs * block)[:, :n]
+
+
+def median_ci(values: list[float], block: int = 1, resamples: int = 2000) -> list[float]:
+    """95 % bootstrap interval of the median: what a run's rounds can resolve. ``block`` > 1: a
+    moving-block bootstrap, for values measured back to back whose neighbours may be correlated:
+    drawing runs of ``block`` consecutive values keeps that correlation in every resample, where
+    independent draws would lose it and give too narrow an interval."""
     rng = np.random.default_rng(0)
-    medians = np.median(rng.choice(values, size=(resamples, len(values))), axis=1)
+    medians = np.median(np.asarray(values)[block_resample(len(values), block, resamples, rng)], axis=1)
     return [round(float(q), 4) for q in np.quantile(medians, [0.025, 0.975])]
 
 
