@@ -12,11 +12,13 @@
 #                                           # each mode (0.6B: + eager)
 #   bash benchmarks/h200.sh serve  OUTDIR [C...]  # host work per step; a py-spy profile of both engine cores
 #                                           # at the largest C (needs py-spy on PATH); served tokens/s at
-#                                           # C in flight (default 64 256): plugin-free vs all armed, half
-#                                           # steered, and the original hotwire-vllm 0.1.2 when its wheel
-#                                           # travelled in .device/extra (serve_throughput.py says how to
-#                                           # fetch it); TTFT and tokens/s with the control API pushing
-#                                           # every second
+#                                           # C in flight (default 256; one C per call gives the most
+#                                           # windows), every server under load at once (--simultaneous):
+#                                           # plugin-free vs all armed, half steered, a second plugin-free
+#                                           # server (the A/A control) and the original hotwire-vllm 0.1.2
+#                                           # when its wheel travelled in .device/extra (serve_throughput.py
+#                                           # says how to fetch it); TTFT and tokens/s with the control API
+#                                           # pushing every second
 #   bash benchmarks/h200.sh pair   OUTDIR   # two GPUs: TP=2 and PP=2 servers with runtime registration
 #                                           # (tests/test_e2e_parallel.py as deployed: bf16, graphs on)
 #   bash benchmarks/h200.sh all    OUTDIR   # the four stages one after another (0.6B, 4B, 8B; 64, 256 in
@@ -85,12 +87,13 @@ perf() {  # perf [SHAPE...]: one engine at a time (a neighbour's start-up distur
   done
 }
 
-serve() {  # serve [CONCURRENCY...]: host work, the profile (~3 min), served tokens/s (plugin-free vs hotwire,
-           # and the original when its wheel is here, steady-state windows, ~7 min), then TTFT under
+serve() {  # serve [CONCURRENCY...]: host work, the profile (~3 min), served tokens/s (plugin-free, hotwire, a
+           # second plugin-free and the original when its wheel is here, all at once; ~7.5 min: start-up
+           # of four servers ~2.5 min, then 5 s windows to the 420 s budget), then TTFT under
            # registration pushes (~5 min)
-  local cs=("$@") servers=(plugin_free hotwire) original=()
+  local cs=("$@") servers=(plugin_free hotwire plugin_free_2) original=()
   local wheel=.device/extra/hotwire_vllm-0.1.2-py3-none-any.whl site=/tmp/hotwire-vllm-0.1.2
-  [ ${#cs[@]} -eq 0 ] && cs=(64 256)
+  [ ${#cs[@]} -eq 0 ] && cs=(256)
   if [ -f "$wheel" ]; then  # in a folder of its own: it has our import package's name (original_plugin.py)
     python3 -m pip install -q --no-index --no-deps --upgrade --target "$site" "$wheel" \
       && servers+=(original) && original=(--original-site "$site")
@@ -106,8 +109,8 @@ serve() {  # serve [CONCURRENCY...]: host work, the profile (~3 min), served tok
   else
     echo "no py-spy on PATH: no profile" >&2
   fi
-  job serve python3 benchmarks/serve_throughput.py --shape qwen3-0.6b --concurrency "${cs[@]}" --budget-s 420 \
-    --servers "${servers[@]}" "${original[@]}" --out "$out/serve-qwen3-0.6b.json"
+  job serve python3 benchmarks/serve_throughput.py --simultaneous --shape qwen3-0.6b --concurrency "${cs[@]}" \
+    --budget-s 420 --servers "${servers[@]}" "${original[@]}" --out "$out/serve-qwen3-0.6b-c$(IFS=-; echo "${cs[*]}").json"
   wait
   job registration python3 benchmarks/registration_load.py --shape qwen3-0.6b --concurrency 64 --budget-s 265 \
     --window-s 6 --out "$out/registration-qwen3-0.6b.json"

@@ -417,7 +417,7 @@ def _summary(samples: list[dict], concurrency: list[int], names: list[str], bloc
             row[f"{n}_over_plugin_free_ci95"] = ci
             row[f"{n}_over_plugin_free_ci_width"] = round(ci[1] - ci[0], 4)
             row[f"{n}_resolved"] = ci[1] - ci[0] < RESOLVED_WIDTH
-        # the target is on compiled hotwire servers; eager and the original are the contrasts
+        # the target is on compiled hotwire servers; eager, the original and the A/A control are the contrasts
         row["target"] = {n: verdict(row[f"{n}_over_plugin_free_ci95"], TARGET, at_least=True)
                          if len(full) >= MIN_ROUNDS * block else "unresolved" for n in names[1:] if n not in CONTRASTS}
         rows.append(row)
@@ -482,6 +482,7 @@ def _markdown(rows: list[dict], names: list[str], simultaneous: bool) -> str:
 
 # ---------------------------------------------------------------- main
 def _check_servers(names: list[str]) -> None:
+    """No more servers than share the GPU's memory (each sizes itself to a fixed share at start)."""
     if len(names) > MAX_SERVERS:
         raise SystemExit(f"{len(names)} servers ({' '.join(names)}): at most {MAX_SERVERS} share the GPU, each "
                          f"with --gpu-memory-utilization {GPU_MEMORY_UTILIZATION:g}; run the others in another run")

@@ -1,0 +1,101 @@
+"""The statistics and window bookkeeping of ``benchmarks/serve_throughput.py``: the moving-block
+bootstrap of the median (``serving.median_ci``), the read order of the simultaneous design's window
+edges (``simultaneous.read_order``) and the pairing of its windows into ratios (``_summary``)."""
+
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+sys.path.insert(0, str(Path(__file__).parents[1] / "benchmarks"))
+
+import serve_throughput  # noqa: E402
+from serving import block_resample, median_ci  # noqa: E402
+from simultaneous import default_processes, read_order  # noqa: E402
+
+
+@pytest.mark.parametrize("n, block", [(10, 3), (12, 4), (7, 7), (5, 1)])
+def test_block_resample_draws_runs_of_consecutive_values(n, block):
+    rows = block_resample(n, block, 500, np.random.default_rng(1))
+    assert rows.shape == (500, n)
+    for start in range(0, n, block):  # every run: one start in 0..n-block, then consecutive indices
+        run = rows[:, start:start + block]
+        assert ((run[:, 0] >= 0) & (run[:, 0] <= n - block)).all()
+        assert (np.diff(run, axis=1) == 1).all()
+    assert len(np.unique(rows[:, 0])) == n - block + 1  # every start is drawn
+
+
+def test_block_one_is_the_independent_bootstrap():
+    """Block 1 is what median_ci drew before blocks: the sequential design's intervals are unchanged."""
+    values = list(np.random.default_rng(3).normal(1.0, 0.05, 9))
+    medians = np.median(np.random.default_rng(0).choice(values, size=(2000, len(values))), axis=1)
+    assert median_ci(values) == [round(float(q), 4) for q in np.quantile(medians, [0.025, 0.975])]
+
+
+def test_blocks_widen_the_interval_of_correlated_windows():
+    """Runs of three equal values hold ten values' worth of information, not thirty: drawn
+    independently, the interval is too narrow; in blocks of three it is not."""
+    levels = np.random.default_rng(5).normal(1.0, 0.05, 10)
+    values = list(np.repeat(levels, 3))
+    iid, blocked = median_ci(values), median_ci(values, block=3)
+    ten = median_ci(list(levels))  # the ten levels alone
+    assert blocked[1] - blocked[0] > 1.5 * (iid[1] - iid[0])
+    assert blocked[1] - blocked[0] == pytest.approx(ten[1] - ten[0], rel=0.5)
+
+
+def test_a_block_as_long_as_the_series_has_no_spread():
+    values = [1.0, 0.9, 1.1, 0.95]
+    assert median_ci(values, block=4) == [0.975, 0.975]  # the series itself, every time
+    assert median_ci(values, block=10) == median_ci(values, block=4)
+
+
+@pytest.mark.parametrize("n", [1, 2, 3, 4])
+def test_read_order_centres_every_window_on_the_same_slot(n):
+    servers = [f"s{i}" for i in range(n)]
+    for k in range(6):
+        first, second = read_order(servers, k), read_order(servers, k + 1)
+        assert sorted(first) == servers  # every server read once per edge
+        centre = {s: first.index(s) + second.index(s) for s in servers}
+        assert set(centre.values()) == {n - 1}, (k, first, second)
+
+
+def test_default_processes():
+    assert [default_processes(c) for c in (4, 64, 128, 256)] == [1, 1, 1, 2]
+
+
+def _sample(c: int, window: int, server: str, tokens: float) -> dict:
+    return {"concurrency": c, "round": window, "server": server, "tokens_per_s": tokens, "step_ms": 20.0,
+            "steps": 250, "window_s": 5.0, "cpu_s": {"VLLM::EngineCore": 5.0}, "client_cpu_s": [0.4]}
+
+
+def test_simultaneous_ratios_pair_the_windows_of_the_same_seconds():
+    """Every window's common factor moves all servers by up to +-30 %, the ratio of the windows over
+    the same seconds stays 0.98 (hotwire) and 1 (plugin_free_2): the ratios, their interval and the
+    verdict see none of it."""
+    names = ["plugin_free", "hotwire", "plugin_free_2"]
+    common = np.random.default_rng(2).uniform(0.7, 1.3, 20)
+    samples = [_sample(256, -1, n, 5000.0) for n in names]  # the warm-up: not in the ratios
+    for w, f in enumerate(common):
+        samples += [_sample(256, w, "plugin_free", 20000 * f), _sample(256, w, "hotwire", 19600 * f),
+                    _sample(256, w, "plugin_free_2", 20000 * f)]
+    row, = serve_throughput._summary(samples, [256], names, block=3)
+    assert row["rounds"] == 20 and row["block"] == 3
+    assert row["hotwire_over_plugin_free_ci95"] == [0.98, 0.98]
+    assert row["hotwire_over_plugin_free_range"] == [0.98, 0.98]
+    assert row["plugin_free_2_over_plugin_free"] == 1.0
+    assert row["target"] == {"hotwire": "not met"}  # plugin_free_2 is a contrast, not a target
+
+
+def test_too_few_blocks_stay_unresolved():
+    names = ["plugin_free", "hotwire"]
+    samples = [_sample(64, w, n, 10000.0) for w in range(serve_throughput.MIN_ROUNDS * 3 - 1) for n in names]
+    row, = serve_throughput._summary(samples, [64], names, block=3)
+    assert row["hotwire_over_plugin_free_ci95"] == [1.0, 1.0]
+    assert row["target"] == {"hotwire": "unresolved"}
+
+
+def test_more_than_four_servers_are_refused():
+    with pytest.raises(SystemExit, match="at most 4 share the GPU"):
+        serve_throughput._check_servers(["plugin_free", "hotwire", "hotwire_2", "original", "plugin_free_2"])
+    serve_throughput._check_servers(["plugin_free", "hotwire", "original", "plugin_free_2"])
