@@ -2,6 +2,8 @@
 bootstrap of the median (``serving.median_ci``), the read order of the simultaneous design's window
 edges (``simultaneous.read_order``) and the pairing of its windows into ratios (``_summary``)."""
 
+import os
+import shutil
 import sys
 from pathlib import Path
 
@@ -11,7 +13,7 @@ import pytest
 sys.path.insert(0, str(Path(__file__).parents[1] / "benchmarks"))
 
 import serve_throughput  # noqa: E402
-from serving import block_resample, median_ci  # noqa: E402
+from serving import block_resample, cpu_plan, median_ci  # noqa: E402
 from simultaneous import default_processes, read_order  # noqa: E402
 
 
@@ -99,3 +101,21 @@ def test_more_than_four_servers_are_refused():
     with pytest.raises(SystemExit, match="at most 4 share the GPU"):
         serve_throughput._check_servers(["plugin_free", "hotwire", "hotwire_2", "original", "plugin_free_2"])
     serve_throughput._check_servers(["plugin_free", "hotwire", "original", "plugin_free_2"])
+
+
+def _physical_cores() -> int:
+    cores = set()
+    for cpu in os.sched_getaffinity(0):
+        path = Path(f"/sys/devices/system/cpu/cpu{cpu}/topology/thread_siblings_list")
+        cores.add(path.read_text().strip() if path.exists() else str(cpu))
+    return len(cores)
+
+
+@pytest.mark.skipif(shutil.which("taskset") is None or _physical_cores() < 2, reason="needs taskset and 2 cores")
+def test_cpu_plan_puts_load_processes_per_core_on_the_cores_left():
+    """Every core but one pinned: two load-generator processes fit on the last one two to a core,
+    not one to a core."""
+    n = _physical_cores()
+    sets, clients = cpu_plan([1] * (n - 1), 2, per_core=2)
+    assert len(sets) == n - 1 and clients and not set(clients) & {c for s in sets for c in s}
+    assert cpu_plan([1] * (n - 1), 2) is None
