@@ -92,7 +92,8 @@ How:
   edges (a window of 5 s spans 5-20 of them); counters an engine does not publish are left out.
 * Checks (a benchmark that silently stops steering must fail): every completed response is 200 with
   ``usage.completion_tokens == max_tokens`` (a dropped connection is re-sent up to twice and
-  counted, ``resent``; a failed run prints every server's log tail); no preemption in any window;
+  counted, ``resent``; a failed run prints every server's log tail); no preemption in any window,
+  and at least one token generated (``--smoke`` lets a starved window pass, its ratios NaN);
   each hotwire server's mailbox counters, read while it is idle, count at least the steered
   requests that completed and at most those sent, and no ``unsteered_*`` refusal: sequential, per
   window, after the server went idle; simultaneous, over the whole stretch of one concurrency, from
@@ -258,12 +259,21 @@ def _window(load: Load, server: Server, client: httpx.Client, concurrency: int, 
     row["drain_s"] = round(server.wait_idle(client), 3)
     row.update({k: sent.get(k, 0) for k in ("completed", "cancelled", "resent")},
                ms_per_token_p50=sent["ms_per_token_p50"], client_cpu_s=sent["client_cpu_s"])
-    if row["preemptions"]:
-        raise SystemExit(f"{server.name}: {row['preemptions']} preemptions: the KV cache is too small")
+    _check_window(server.name, row, args.smoke)
     if server.plugin:
         pending[server.name] = (row, before, sent, clock_ns())
     _check_log(server, watches)
     return row
+
+
+def _check_window(name: str, row: dict, smoke: bool = False) -> None:
+    """A window with a preemption measured a KV cache too small; one without a generated token has
+    no ratio (a stalled server), but for ``--smoke``, where servers share a few CPU cores and one may
+    starve the others for a window (its ratios NaN: the numbers mean nothing there)."""
+    if row["preemptions"]:
+        raise SystemExit(f"{name}: {row['preemptions']} preemptions: the KV cache is too small")
+    if row["generated"] == 0 and not smoke:
+        raise SystemExit(f"{name}: no token generated in a {row['window_s']:g} s window under load")
 
 
 def _check_pending(server: Server, pending: dict) -> dict[str, int]:
@@ -327,8 +337,7 @@ def _stretch(loads: LoadSet, servers: list[Server], client: httpx.Client, c: int
         b = edge(servers, loads, client, k)
         rows, a, w = windows(a, b), b, k - 2  # window -1: the warm-up (from the start, its ramp included)
         for s in servers:
-            if rows[s.name]["preemptions"]:
-                raise SystemExit(f"{s.name}: {rows[s.name]['preemptions']} preemptions: the KV cache is too small")
+            _check_window(s.name, rows[s.name], args.smoke)
             _check_log(s, watches)
             result["samples"].append({"concurrency": c, "round": w, "server": s.name, **rows[s.name]})
         save()  # partial results survive a time-out
@@ -358,9 +367,8 @@ def _stretch(loads: LoadSet, servers: list[Server], client: httpx.Client, c: int
 
 def _cells(rows: dict[str, list[dict]], names: list[str]) -> str:
     """A progress line's figures: each server's mean tokens/s, the ratios, hotwire's steady host µs."""
-    pf = _mean_tokens(rows["plugin_free"])
     cells = [f"{n} {_mean_tokens(rows[n]):.0f}" for n in names] + \
-            [f"{n}/plugin_free {_mean_tokens(rows[n]) / pf:.4f}" for n in names[1:]]
+            [f"{n}/plugin_free {_ratio(rows[n], rows['plugin_free']):.4f}" for n in names[1:]]
     host = [f"{n} {rows[n][-1]['steady_us_per_step']:.1f}" for n in names
             if rows[n][-1].get("steady_us_per_step") is not None]
     return f"tok/s {', '.join(cells)}" + (f"; steady host µs/step {', '.join(host)}" if host else "")
@@ -410,7 +418,7 @@ def _summary(samples: list[dict], concurrency: list[int], names: list[str], bloc
                 if value is not None:
                     row[f"{n}_{field}"] = round(value, 5)
         for n in names[1:]:
-            ratios = [_mean_tokens(r[n]) / _mean_tokens(r["plugin_free"]) for r in full]
+            ratios = [_ratio(r[n], r["plugin_free"]) for r in full]
             ci = median_ci(ratios, block)
             row[f"{n}_over_plugin_free"] = round(median(ratios), 4)
             row[f"{n}_over_plugin_free_range"] = [round(min(ratios), 4), round(max(ratios), 4)]
@@ -422,6 +430,13 @@ def _summary(samples: list[dict], concurrency: list[int], names: list[str], bloc
                          if len(full) >= MIN_ROUNDS * block else "unresolved" for n in names[1:] if n not in CONTRASTS}
         rows.append(row)
     return rows
+
+
+def _ratio(windows: list[dict], reference: list[dict]) -> float:
+    """Mean tokens/s of ``windows`` over ``reference``'s; NaN where the reference generated nothing
+    (only a ``--smoke`` run keeps such a window: ``_check_window``)."""
+    ref = _mean_tokens(reference)
+    return _mean_tokens(windows) / ref if ref else float("nan")
 
 
 def _mean_tokens(windows: list[dict]) -> float:

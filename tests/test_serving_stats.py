@@ -119,3 +119,20 @@ def test_cpu_plan_puts_load_processes_per_core_on_the_cores_left():
     sets, clients = cpu_plan([1] * (n - 1), 2, per_core=2)
     assert len(sets) == n - 1 and clients and not set(clients) & {c for s in sets for c in s}
     assert cpu_plan([1] * (n - 1), 2) is None
+
+
+def test_a_window_without_tokens_or_with_preemptions_fails_the_run():
+    row = {"preemptions": 0, "generated": 1200, "window_s": 5.0}
+    serve_throughput._check_window("hotwire", row)
+    with pytest.raises(SystemExit, match="plugin_free: no token generated in a 5 s window"):
+        serve_throughput._check_window("plugin_free", {**row, "generated": 0})
+    with pytest.raises(SystemExit, match="hotwire: 3 preemptions"):
+        serve_throughput._check_window("hotwire", {**row, "preemptions": 3})
+    serve_throughput._check_window("plugin_free", {**row, "generated": 0}, smoke=True)  # CPU cores shared
+
+
+def test_a_starved_smoke_window_has_no_ratio():
+    names = ["plugin_free", "hotwire"]
+    samples = [_sample(4, 0, "plugin_free", 0.0), _sample(4, 0, "hotwire", 100.0)]
+    row, = serve_throughput._summary(samples, [4], names)
+    assert np.isnan(row["hotwire_over_plugin_free"]) and row["target"] == {"hotwire": "unresolved"}
