@@ -2,7 +2,7 @@
 
 Why: the served target is output tokens/s with hotwire loaded and 50 % of the requests steered
 >= 0.99 x the plugin-free server, at 64 and 256 concurrent requests, resolved: the 95 % interval of
-the ratio narrower than 1 % and on one side of 0.99. A server armed only on the two layers the
+the ratio narrower than 2 % and on one side of 0.99. A server armed only on the two layers the
 requests steer splits the cost of arming every layer (one kernel per armed layer per step) from the
 rest, and an eager-mode hotwire server gives the contrast (``--enforce-eager``: no torch.compile, no
 CUDA graphs, what hook-based steering pays), as does the plugin this one grew out of (hotwire-vllm
@@ -81,7 +81,7 @@ How:
   in blocks of ``BLOCK`` (3) consecutive windows, since windows back to back may be correlated,
   ``serving.median_ci``), and a verdict: "met" or "not met" only when the interval lies on one side
   of 0.99 (and at least ``MIN_ROUNDS`` rounds, or ``MIN_ROUNDS`` blocks of windows, ran),
-  "unresolved" otherwise; ``resolved``: the interval is narrower than 1 %.
+  "unresolved" otherwise; ``resolved``: the interval is narrower than 2 %.
 * Where the time goes, per window: engine steps (``vllm:iteration_tokens_total``) and wall ms per
   step, CPU seconds per server process (API server, engine core; CUDA's spin-wait counts as busy)
   and of the load generator, and for hotwire servers hotwire's own host time from its mailbox
@@ -167,7 +167,7 @@ from simultaneous import CLIENTS_PER_CORE, LoadSet, default_processes, edge, win
 
 TARGET = 0.99
 MIN_ROUNDS = 5  # fewer rounds' (or blocks') bootstrap interval is too narrow to trust: "unresolved"
-RESOLVED_WIDTH = 0.01  # the target asks for a 95 % interval narrower than this
+RESOLVED_WIDTH = 0.02  # issue 24 asks for a 95 % interval narrower than this
 BLOCK = 3  # --simultaneous: windows per block of the moving-block bootstrap (neighbours may correlate)
 SEQUENTIAL_CLIENTS = 4  # load-generator processes of the sequential design's one load
 GPU_MEMORY_UTILIZATION = 0.25  # per server: what vLLM checks is free at its start (the KV cache is sized)
@@ -487,7 +487,7 @@ def _markdown(rows: list[dict], names: list[str], simultaneous: bool) -> str:
     for r in rows:
         verdicts = [f"{n}/plugin-free {r[f'{n}_over_plugin_free']:.4f} [{r[f'{n}_over_plugin_free_ci95'][0]:.4f}-"
                     f"{r[f'{n}_over_plugin_free_ci95'][1]:.4f}] (width {r[f'{n}_over_plugin_free_ci_width']:.4f}"
-                    f"{'' if r[f'{n}_resolved'] else ', not below 0.01'}): {v}" for n, v in r["target"].items()]
+                    f"{'' if r[f'{n}_resolved'] else f', not below {RESOLVED_WIDTH:g}'}): {v}" for n, v in r["target"].items()]
         contrasts = [f"{n}/plugin-free {r[f'{n}_over_plugin_free']:.4f} [{r[f'{n}_over_plugin_free_ci95'][0]:.4f}-"
                      f"{r[f'{n}_over_plugin_free_ci95'][1]:.4f}]" for n in CONTRASTS if n in names]
         out.append(f"C={r['concurrency']} (target >= {TARGET}, {r['rounds']} {unit}): " +
