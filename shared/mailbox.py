@@ -372,8 +372,11 @@ class _Mailbox:
         self.path, self._fd = path, fd
         self.inode = os.fstat(fd).st_ino
         head = self._header()
-        if bytes(head["magic"]) != MAGIC or int(head["layout"]) != LAYOUT:
-            raise MailboxError(f"{path} is not a hotwire mailbox (layout {LAYOUT})")
+        if bytes(head["magic"]) != MAGIC:
+            raise MailboxError(f"{path} is not a hotwire mailbox")
+        if int(head["layout"]) != LAYOUT:
+            raise MailboxError(f"{path} is a hotwire mailbox of layout {int(head['layout'])}, this hotwire reads "
+                               f"layout {LAYOUT}: run the same hotwire version in the engine and beside it")
         n, h = int(head["n_slots"]), int(head["hidden"])
         if not (0 < n <= MAX_SLOTS and 0 < h <= MAX_HIDDEN and 0 < int(head["n_layers"]) <= 512):
             raise MailboxError(f"{path} has an impossible header ({n} slots, hidden {h})")

@@ -85,7 +85,7 @@ import os  # noqa: E402
 import pytest  # noqa: E402
 
 from engine_rig import Rig  # noqa: E402
-from hotwire.shared.mailbox import DIRECTORY, FREE, MailboxError  # noqa: E402
+from hotwire.shared.mailbox import DIRECTORY, FREE, LAYOUT, MailboxError  # noqa: E402
 
 
 def test_the_file_is_created_for_owner_and_group_only(tmp_path):
@@ -409,6 +409,15 @@ def test_a_mailbox_another_live_engine_beats_is_refused(tmp_path):
     finally:
         other.kill()
         other.wait()
+
+
+def test_a_mailbox_of_another_layout_is_refused_naming_both_layouts(tmp_path):
+    """An engine and a control API (or API server) of different hotwire versions: said plainly."""
+    path = tmp_path / "e.mbx"
+    EngineMailbox.create(str(path), FP, n_slots=5)
+    _set_header(path, layout=LAYOUT - 1)
+    with pytest.raises(MailboxError, match=rf"layout {LAYOUT - 1}, this hotwire reads layout {LAYOUT}"):
+        MailboxView.open(str(path))
 
 
 def test_a_step_of_the_wall_clock_neither_silences_a_live_engine_nor_revives_a_dead_one(tmp_path, monkeypatch):
