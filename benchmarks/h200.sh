@@ -16,7 +16,7 @@
 #                                           # windows), every server under load at once (--simultaneous):
 #                                           # plugin-free vs all armed, half steered, a second plugin-free
 #                                           # server (the A/A control) and the original hotwire-vllm 0.1.2
-#                                           # when its wheel travelled in .device/extra (serve_throughput.py
+#                                           # when its wheel travelled in .device/original (serve_throughput.py
 #                                           # says how to fetch it); TTFT and tokens/s with the control API
 #                                           # pushing every second
 #   bash benchmarks/h200.sh pair   OUTDIR   # two GPUs: TP=2 and PP=2 servers with runtime registration
@@ -92,7 +92,7 @@ serve() {  # serve [CONCURRENCY...]: host work, the profile (~3 min), served tok
            # of four servers ~2.5 min, then 5 s windows to the 420 s budget), then TTFT under
            # registration pushes (~5 min)
   local cs=("$@") servers=(plugin_free hotwire plugin_free_2) original=()
-  local wheel=.device/extra/hotwire_vllm-0.1.2-py3-none-any.whl site=/tmp/hotwire-vllm-0.1.2
+  local wheel=.device/original/hotwire_vllm-0.1.2-py3-none-any.whl site=/tmp/hotwire-vllm-0.1.2
   [ ${#cs[@]} -eq 0 ] && cs=(256)
   if [ -f "$wheel" ]; then  # in a folder of its own: it has our import package's name (original_plugin.py)
     python3 -m pip install -q --no-index --no-deps --upgrade --target "$site" "$wheel" \

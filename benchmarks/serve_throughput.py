@@ -131,8 +131,8 @@ cannot steer on CPU (``original_plugin.py``).
 
 The original, on a machine without network (``h200.sh serve`` installs it from there when present):
 
-    pip download hotwire-vllm==0.1.2 --no-deps -d .device/extra      # here; the folder travels
-    pip install --no-deps --no-index --target /tmp/hotwire-vllm-0.1.2 .device/extra/hotwire_vllm-0.1.2-py3-none-any.whl
+    pip download hotwire-vllm==0.1.2 --no-deps -d .device/original   # here; the folder travels
+    pip install --no-deps --no-index --target /tmp/hotwire-vllm-0.1.2 .device/original/hotwire_vllm-0.1.2-py3-none-any.whl
 
     python benchmarks/serve_throughput.py --shape qwen3-0.6b --out benchmarks/results/h200-DATE-serve-qwen3-0.6b.json
     python benchmarks/serve_throughput.py --simultaneous --concurrency 256 --servers hotwire plugin_free_2 --out OUT.json
