@@ -122,6 +122,9 @@ def reference(x: torch.Tensor, residual: torch.Tensor | None, positions: torch.T
     on = (pos >= rt[..., POS_LO]) & (pos < rt[..., POS_HI])      # [T, K] inside the entry's window
     if not on.any():  # nothing to do on this step: the common case, kept cheap on the CPU
         return
+    keep = on.any(0)                                             # [K] entry columns on for some token
+    if not bool(keep.all()):  # the rest would add -0.0 to every sum: left out, each sum unchanged
+        rt, f, on = rt[:, keep], f[:, keep], on[:, keep]         # [T, K'] from here on
     mode, gate = rt[..., MODE], rt[..., GATE]                    # [T, K] gate < 0: a prompt gate
     acc = x.to(torch.float32, copy=True)                         # [T, H]
     project = bool((on & (mode != ADD)).any())                   # any entry needs h·v or ‖h‖

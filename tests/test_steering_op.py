@@ -133,6 +133,21 @@ def test_entries_on_one_layer_read_the_same_stream_so_their_order_does_not_matte
     torch.testing.assert_close((ab + res).double(), want, rtol=1e-5, atol=1e-5)
 
 
+@pytest.mark.parametrize("spec", [{"mode": "add", "scale": 1.5}, {"mode": "ablate"}, {"mode": "norm", "scale": 0.5}])
+def test_entry_columns_no_token_has_on_change_no_bit(spec):
+    """A request uses one or two of a layer's entry columns; the empty ones (and an entry whose
+    window holds no token of the step) add -0.0, so leaving them out of the sums, as the CPU kernel
+    does, must give the same bits as the entries alone."""
+    x, res, bank = _stream_case(seed=5)
+    a = _mode_entry(spec, 1, bank)
+    b = _mode_entry({"mode": "add", "scale": -2.0}, 2, bank)
+    late = _entry(2, 1000, NO_END, 4.0)  # its window starts after every token of the step
+    empty = torch.zeros(8, dtype=torch.int32)
+    alone = reference(x, res, torch.arange(4), bank, torch.stack([a, b]).expand(4, 2, 8))
+    padded = reference(x, res, torch.arange(4), bank, torch.stack([empty, a, late, b, empty]).expand(4, 5, 8))
+    assert torch.equal(alone.view(torch.int32), padded.view(torch.int32))
+
+
 def test_a_projecting_entry_reads_the_residual_and_a_layer_without_one_uses_its_output():
     x, res, bank = _stream_case(seed=4)
     e = _mode_entry({"mode": "ablate"}, 1, bank).expand(4, 1, 8)
