@@ -5,7 +5,7 @@ memory (``torch.tensor(..., device=...)``, or ``.to(non_blocking=True)`` of a pl
 stalls the host until the stream drains, which would serialise that overlap on every step a
 request arrives or the batch changes. So:
 
-* :func:`to_device` / :func:`copy_into` (rare paths: a vector registered) copy through pinned
+* :func:`to_device` (a rare path: a vector registered) copies through pinned
   blocks of torch's caching host allocator: it records the copy on the stream and does not hand
   a block out again before the copy has run, so the host returns as soon as the copy is enqueued.
 * :class:`HostRing` (every step in which the batch changes) holds pinned buffers the host fills
@@ -21,19 +21,11 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-def _staged(a: np.ndarray, device: torch.device) -> torch.Tensor:
-    t = torch.from_numpy(np.ascontiguousarray(a))
-    return t.pin_memory() if device.type == "cuda" else t
-
 
 def to_device(a: np.ndarray, device: torch.device) -> torch.Tensor:
     """``a`` (its shape and dtype) on ``device``; on a CUDA device enqueued, not awaited."""
-    return _staged(a, device).to(device, non_blocking=True)
-
-
-def copy_into(dst: torch.Tensor, a: np.ndarray) -> None:
-    """``dst.copy_(a)``; on a CUDA device enqueued, not awaited."""
-    dst.copy_(_staged(a, dst.device), non_blocking=True)
+    t = torch.from_numpy(np.ascontiguousarray(a))
+    return (t.pin_memory() if device.type == "cuda" else t).to(device, non_blocking=True)
 
 
 def _unified_view(host: torch.Tensor) -> torch.Tensor | None:

@@ -444,7 +444,7 @@ class _Mailbox:
         return {name: int(values[i]) for i, name in enumerate(COUNTERS)}
 
     def armed_layers(self) -> list[int]:
-        return [int(i) for i in np.flatnonzero(self._header()["armed"][: self.fingerprint.n_layers] & LAYER_ARMED)]
+        return self.admission_settings()[0]
 
     def admission_settings(self) -> tuple[list[int], frozenset[int], int]:
         """What the engine core admits specs by: its armed layers, its projection layers (where
