@@ -257,13 +257,18 @@ def _window(load: Load, server: Server, client: httpx.Client, concurrency: int, 
     sent = load.stop()
     row = window_row(a, b)
     row["drain_s"] = round(server.wait_idle(client), 3)
-    row.update({k: sent.get(k, 0) for k in ("completed", "cancelled", "resent")},
-               ms_per_token_p50=sent["ms_per_token_p50"], client_cpu_s=sent["client_cpu_s"])
+    row.update(_sent_fields(sent))
     _check_window(server.name, row, args.smoke)
     if server.plugin:
         pending[server.name] = (row, before, sent, clock_ns())
     _check_log(server, watches)
     return row
+
+
+def _sent_fields(sent: dict) -> dict:
+    """What a stopped load (``Load.stop``) reports into a window's or a stretch's row."""
+    return {**{k: sent.get(k, 0) for k in ("completed", "cancelled", "resent")},
+            "ms_per_token_p50": sent["ms_per_token_p50"], "client_cpu_s": sent["client_cpu_s"]}
 
 
 def _check_window(name: str, row: dict, smoke: bool = False) -> None:
@@ -354,8 +359,7 @@ def _stretch(loads: LoadSet, servers: list[Server], client: httpx.Client, c: int
     idle_ns = clock_ns()
     for s in servers:
         mine = sent[s.name]
-        stretch[s.name].update({k: mine.get(k, 0) for k in ("completed", "cancelled", "resent")},
-                               ms_per_token_p50=mine["ms_per_token_p50"], client_cpu_s=mine["client_cpu_s"])
+        stretch[s.name].update(_sent_fields(mine))
         if s.plugin:
             stretch[s.name]["steered_counted"] = check_steering(s.name, before[s.name], s.counters_after(idle_ns), mine)
         _check_log(s, watches)
