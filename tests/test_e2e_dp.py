@@ -63,5 +63,8 @@ def test_one_push_reaches_every_rank_and_both_steer(dp_servers):
     with ThreadPoolExecutor(8) as pool:  # the API server spreads them over the two ranks
         got = list(pool.map(lambda _: _complete(engine, STEER), range(16)))
     assert all(tokens == got[0] for tokens in got) and got[0] != plain
-    steered = [rank["engine"]["counters"]["steered_requests"] for rank in _ranks(control)]
-    assert sum(steered) == 16 and all(n > 0 for n in steered), steered
+    def steered() -> list[int]:  # counters are published with each rank's heartbeat (every 0.25 s)
+        return [rank["engine"]["counters"]["steered_requests"] for rank in _ranks(control)]
+
+    wait_for(lambda: sum(steered()) == 16, 5, "both ranks' heartbeats to publish the steered count")
+    assert sum(steered()) == 16 and all(n > 0 for n in steered()), steered()
