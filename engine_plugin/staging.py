@@ -18,8 +18,12 @@ request arrives or the batch changes. So:
 
 from __future__ import annotations
 
+import logging
+
 import numpy as np
 import torch
+
+log = logging.getLogger("vllm.hotwire")
 
 
 def to_device(a: np.ndarray, device: torch.device) -> torch.Tensor:
@@ -30,14 +34,19 @@ def to_device(a: np.ndarray, device: torch.device) -> torch.Tensor:
 
 def _unified_view(host: torch.Tensor) -> torch.Tensor | None:
     """A CUDA tensor aliasing pinned ``host`` (unified virtual addressing, through vLLM's own
-    op), None where vLLM or the platform offers none."""
+    op), None where vLLM or the platform offers none.
+
+    The op's library is loaded by vLLM's platform module when the platform is resolved (which
+    ``is_uva_available`` does), not by importing a library by name: vLLM 0.25 builds it into
+    ``_C_stable_libtorch``, later releases elsewhere."""
     try:
-        import vllm._C  # noqa: F401  (its library holds the op)
         from vllm.utils.platform_utils import is_uva_available
         from vllm.utils.torch_utils import get_accelerator_view_from_cpu_tensor
 
         return get_accelerator_view_from_cpu_tensor(host) if is_uva_available() else None
-    except Exception:  # an older or newer vLLM without these, or a platform without the op
+    except Exception as e:  # an older or newer vLLM without these, or a platform without the op
+        log.info("hotwire: no unified-address view of pinned host memory (%s: %s); routing uploads "
+                 "are copied", type(e).__name__, e)
         return None
 
 
