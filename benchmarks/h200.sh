@@ -103,7 +103,7 @@ serve() {  # serve [CONCURRENCY...]: host work, the profile (~3 min), served tok
   job host python3 benchmarks/host_overhead.py --repeat 300 --out "$out/host-overhead.json"
   wait
   if command -v py-spy >/dev/null; then
-    job profile python3 benchmarks/profile_serve.py --shape qwen3-0.6b --concurrency "${cs[-1]}" --seconds 15 \
+    job profile python3 benchmarks/profile_serve.py --shape qwen3-0.6b --concurrency "${cs[-1]}" --seconds 15 --gil-seconds 15 \
       --out "$out/profile-qwen3-0.6b-c${cs[-1]}.json"
     wait
   else

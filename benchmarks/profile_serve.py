@@ -10,7 +10,9 @@ How: servers and load as in ``serve_throughput.py`` (``serving.py``), one server
 time: C requests in flight, ``--settle-s``, then ``py-spy record --nonblocking --threads --format
 raw --idle`` on the server's ``VLLM::EngineCore`` process (``--idle``: a thread waiting for the
 GIL or a lock is sampled where it waits, so the step thread's samples cover its whole time) for ``--seconds`` at ``--rate`` Hz, with the
-server's step count read from ``/metrics`` around it. Summary per server, for the busiest thread
+server's step count read from ``/metrics`` around it; with ``--gil-seconds``, then that long more under the
+same load with ``--gil`` instead of ``--idle`` (only the thread holding the GIL is sampled), summarised as
+the GIL's samples per engine step by thread: who the engine core's one interpreter lock goes to. Summary per server, for the busiest thread
 (the step thread): its samples, engine steps, samples per step, and its samples by owner: a
 sample is hotwire's when the innermost frame of hotwire's or vLLM's code in it is hotwire's (then
 filed by hotwire's module: the op, routing, admission, the hooks, the core's sync, the salt), and
@@ -78,9 +80,11 @@ def engine_core(server: Server) -> psutil.Process:
     raise SystemExit(f"{server.name}: no EngineCore process under pid {root.pid}")
 
 
-def record(pyspy: str, pid: int, seconds: float, rate: int, out: Path) -> None:
+def record(pyspy: str, pid: int, seconds: float, rate: int, out: Path, gil: bool = False) -> None:
+    """Every thread at every sample (``--idle``: wall time), or with ``gil`` only the thread holding
+    the GIL (``--gil``: who the engine core's one interpreter lock is spent on)."""
     cmd = [pyspy, "record", "--pid", str(pid), "--duration", str(int(seconds)), "--rate", str(rate),
-           "--nonblocking", "--threads", "--idle", "--format", "raw", "--output", str(out)]
+           "--nonblocking", "--threads", "--gil" if gil else "--idle", "--format", "raw", "--output", str(out)]
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=seconds + 60)
     if proc.returncode != 0 or not out.exists():
         raise SystemExit(f"py-spy failed ({proc.returncode}): {proc.stderr[-2000:]}")
@@ -136,6 +140,26 @@ def summarize(raw: Path, steps: int) -> dict:
             "other_threads": dict(threads.most_common()[1:6])}
 
 
+def _thread_name(label: str) -> str:
+    """py-spy's ``thread (1220): hotwire-mailbox`` without the id, so servers compare."""
+    return label.split(": ", 1)[-1]
+
+
+def summarize_gil(raw: Path, steps: int, seconds: float, rate: int) -> dict:
+    """Who holds the GIL: samples per thread, per engine step and as a share of all samples taken
+    (the rest: no thread held it)."""
+    threads: Counter[str] = Counter()
+    for line in raw.read_text(errors="replace").splitlines():
+        stack, _, count = line.rpartition(" ")
+        if stack and count.isdigit():
+            threads[_thread_name(stack.split(";")[0])] += int(count)
+    taken = max(1, int(seconds * rate))
+    per_step = max(steps, 1)
+    return {"steps": steps, "held_share": round(sum(threads.values()) / taken, 4),
+            "threads": {name: {"per_step": round(n / per_step, 4), "share": round(n / taken, 4)}
+                        for name, n in threads.most_common()}}
+
+
 def main() -> None:
     t0 = time.monotonic()
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -143,6 +167,9 @@ def main() -> None:
     ap.add_argument("--settle-s", type=float, default=4.0)
     ap.add_argument("--seconds", type=float, default=15.0, help="profile length per server (default 15)")
     ap.add_argument("--rate", type=int, default=250, help="py-spy samples per second (default 250)")
+    ap.add_argument("--gil-seconds", type=float, default=0.0,
+                    help="then, under the same load, this long sampling only the thread that holds the GIL "
+                         "(default 0: not)")
     add_common_args(ap)
     args = ap.parse_args()
     gpu = start_run(args.smoke)
@@ -175,18 +202,27 @@ def main() -> None:
             s.start()
         result["startup_s"] = wait_ready(servers, t0)
         for s in servers:
-            load.start(s.url, args.concurrency, make, time.time() + args.settle_s + args.seconds + 120)
+            busy_s = args.settle_s + args.seconds + args.gil_seconds
+            load.start(s.url, args.concurrency, make, time.time() + busy_s + 120)
             load.wait(time.monotonic() + args.settle_s)
             before = s.metrics(client)
             raw = args.out.with_suffix(f".{s.name}.txt")
             record(pyspy, engine_core(s).pid, args.seconds, args.rate, raw)
             after = s.metrics(client)
+            gil = None
+            if args.gil_seconds > 0:
+                gil_raw = args.out.with_suffix(f".{s.name}.gil.txt")
+                record(pyspy, engine_core(s).pid, args.gil_seconds, args.rate, gil_raw, gil=True)
+                gil = summarize_gil(gil_raw, int(s.metrics(client)["steps"] - after["steps"]), args.gil_seconds,
+                                    args.rate)
             load.stop()
             s.wait_idle(client)
             wall = after["t"] - before["t"]
             summary = summarize(raw, int(after["steps"] - before["steps"]))
             summary["tokens_per_s"] = round((after["generation_tokens"] - before["generation_tokens"]) / wall, 1)
             summary["step_ms"] = round(1000 * wall / max(summary["steps"], 1), 3)
+            if gil is not None:
+                summary["gil"] = gil
             result["servers"][s.name] = summary
             hot = summary["groups"].get("hotwire", {"share": 0.0})
             print(f"{s.name}: {summary['tokens_per_s']:.0f} tok/s, {summary['step_ms']:.2f} ms/step, "
@@ -203,6 +239,12 @@ def main() -> None:
           f"(all: {free['samples_per_step']:.3f} / {hot['samples_per_step']:.3f}):")
     for name, (a, b) in result["per_step"].items():
         print(f"  {name:22s} {a:8.3f} {b:8.3f} {b - a:+8.3f}")
+    if "gil" in free and "gil" in hot:
+        print(f"\nGIL held, samples per engine step by thread, plugin-free / hotwire "
+              f"(held at all: {free['gil']['held_share']:.1%} / {hot['gil']['held_share']:.1%} of samples):")
+        for name in sorted(set(free["gil"]["threads"]) | set(hot["gil"]["threads"])):
+            a, b = (side["gil"]["threads"].get(name, {}).get("per_step", 0.0) for side in (free, hot))
+            print(f"  {name:40s} {a:8.3f} {b:8.3f} {b - a:+8.3f}")
 
 
 if __name__ == "__main__":
