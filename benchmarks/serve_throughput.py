@@ -27,7 +27,8 @@ How:
   create no mailbox), ``plugin_free_2`` (the same flags: the A/A control, reported as a contrast),
   ``hotwire`` (the plugin loaded through its entry point, 256 random startup vectors from
   ``HOTWIRE_VECTORS``, its own ``HOTWIRE_MAILBOX``, every layer armed), ``hotwire_2`` (the same,
-  ``HOTWIRE_LAYERS`` = the two steered layers), ``eager`` (hotwire with ``--enforce-eager``) and
+  ``HOTWIRE_LAYERS`` = the two steered layers), ``hotwire_one_graph`` (the same as ``hotwire`` with
+  ``HOTWIRE_IDLE_GRAPHS=0``: one set of graphs, the op in each), ``eager`` (hotwire with ``--enforce-eager``) and
   ``original`` (hotwire-vllm 0.1.2 installed in ``--original-site``, run alone:
   ``original_plugin.py`` says why that takes more than ``PYTHONPATH``, and checks with vLLM's own
   plugin loader that it loads exactly that plugin; the startup vectors as ``.pt`` files,
@@ -176,6 +177,7 @@ SERVERS = {  # name: (hotwire loaded, --enforce-eager, armed only on the steered
     "plugin_free": (False, False, False, False),
     "hotwire": (True, False, False, False),
     "hotwire_2": (True, False, True, False),
+    "hotwire_one_graph": (True, False, False, False),  # HOTWIRE_IDLE_GRAPHS=0: one graph set, the op in it
     "eager": (True, True, False, False),
     "original": (False, False, False, True),
     "plugin_free_2": (False, False, False, False),  # the A/A control: the method's own null
@@ -192,8 +194,9 @@ def _server(name: str, work: Path, model: Path, engine: dict, steered: str, cpus
     plugin, eager, two, orig = SERVERS[name]
     if orig:
         return Server(name, work, model, engine, plugin=False, vectors=work / "vectors-pt", cpus=cpus, env=original)
+    env = {"HOTWIRE_LAYERS": steered} if two else {"HOTWIRE_IDLE_GRAPHS": "0"} if name == "hotwire_one_graph" else None
     return Server(name, work, model, {**engine, "enforce_eager": True} if eager else engine, plugin=plugin,
-                  vectors=work / "vectors", cpus=cpus, env={"HOTWIRE_LAYERS": steered} if two else None)
+                  vectors=work / "vectors", cpus=cpus, env=env)
 
 
 def _check_original_args(args: argparse.Namespace, names: list[str]) -> None:

@@ -97,7 +97,10 @@ class Steerer:
             self._heard_core = True
             if decision.delta is not None:
                 decision.delta.apply(None, self.tables.bank)
-        elif not self._heard_core:
+        elif not self._heard_core and scheduler_output.scheduled_new_reqs:
+            # a step that brings requests without a decision: the core has no hotwire. (vLLM's
+            # dummy runs, before the core's sync starts, bring none: the V2 runner profiles and
+            # warms up through execute_model with an empty scheduler output.)
             self._heard_core = True  # say it once
             log.error("hotwire: the engine core did not load hotwire (is it installed there, and "
                       "VLLM_PLUGINS not filtering it out?); this rank serves without steering")

@@ -149,3 +149,15 @@ def test_a_rank_a_step_late_is_caught(tmp_path):
         agreed.append(_same(rig.rank, late))
     assert not all(agreed)
 
+
+
+def test_a_rank_says_the_core_lacks_hotwire_only_on_a_step_that_brings_requests(caplog):
+    """vLLM's V2 runner profiles and warms up through ``execute_model`` with an empty scheduler
+    output, before the engine core's sync starts: no error then, and the first real step without
+    a decision is still reported."""
+    rank = make_rank("cpu")
+    with caplog.at_level("ERROR", logger="vllm.hotwire"):
+        rank.on_schedule(Step())  # a dummy run: no requests, no decision
+        assert "did not load hotwire" not in caplog.text
+        rank.on_schedule(Step([new_req("r", None)]))  # a real step, and the core attached nothing
+    assert caplog.text.count("did not load hotwire") == 1
