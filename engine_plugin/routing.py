@@ -7,9 +7,9 @@ Per step: one vectorised ``np.repeat`` of request rows over the step's token cou
 the rows changed, one gather of the rows into the per-token table the op reads (decode steps of
 a steady batch reuse it: positions, not the map, move the token windows), and the set of layers
 the step's requests have entries on, for the op to skip the rest (:class:`.steer_op.StepState`).
-Uploads go through :class:`.staging.HostRing` buffers the device reads in place, so a step in
-which requests arrive costs two torch calls (write the rows, gather them) and one in which the
-batch only changed costs one.
+Uploads go through :class:`.staging.HostRing` buffers the device reads in place, through views made
+once, so a step in which requests arrive costs two torch calls (write the rows, gather them) and one
+in which the batch only changed costs one, slicing included.
 """
 
 from __future__ import annotations
@@ -128,8 +128,8 @@ class Router:
             for pos, k, words in entries:
                 route[i, pos, k] = words
         self._staged.clear()
-        dev = self._rows_ring.read(0, m + m * w)
-        self.tables.route.index_put_((dev[:m],), dev[m:].view(m, *shape))
+        rows = self._rows_ring.read(0, m)
+        self.tables.route.index_put_((rows,), self._rows_ring.read(m, m + m * w, (m, *shape)))
         self._rows_written = True
 
     # -- per step -----------------------------------------------------------------------------

@@ -13,7 +13,9 @@ request arrives or the batch changes. So:
   is then no torch call at all, only the kernel that consumes it. Fewer torch calls is the point:
   each one releases the GIL, and in a served engine vLLM's output thread then takes it and the
   step thread waits for it back (measured on the H200 at 256 in flight: ~70 µs a call where it
-  costs ~7 µs alone).
+  costs ~7 µs alone). Slicing a tensor is such a call too (``aten::slice`` lets the GIL go, as
+  ``stride(dim)`` does; ``shape``, ``stride()`` and ``data_ptr()`` do not), so the spans a ring
+  hands out are views made once and kept.
 """
 
 from __future__ import annotations
@@ -73,13 +75,21 @@ class HostRing:
         self._read = views if self.direct else self._host
         self._device = device
         self._i = -1
+        # (buffer, start, stop, shape) -> its view, made on first use: a buffer never moves, and a
+        # step's spans recur (batch sizes), so a step makes no slicing call
+        self._views: dict[tuple, torch.Tensor] = {}
 
     def next(self) -> np.ndarray:
         """The next buffer, to fill on the host (its previous contents stay until overwritten)."""
         self._i = (self._i + 1) % len(self._host)
         return self._np[self._i]
 
-    def read(self, start: int, stop: int) -> torch.Tensor:
-        """Words ``[start, stop)`` of the current buffer, as the device reads them."""
-        view = self._read[self._i][start:stop]
+    def read(self, start: int, stop: int, shape: tuple[int, ...] | None = None) -> torch.Tensor:
+        """Words ``[start, stop)`` of the current buffer (viewed as ``shape`` if given), as the
+        device reads them."""
+        key = (self._i, start, stop, shape)
+        view = self._views.get(key)
+        if view is None:
+            view = self._read[self._i][start:stop]
+            view = self._views[key] = view if shape is None else view.view(shape)
         return view if self.direct else view.to(self._device, non_blocking=True)

@@ -134,9 +134,11 @@ def launch(x: torch.Tensor, residual: torch.Tensor | None, positions: torch.Tens
         return
     positions = positions.contiguous()  # no-ops here
     residual = residual.contiguous() if residual is not None else None
-    if route.stride(1) != iv.WORDS or route.stride(2) != 1:
+    strides = route.stride()  # all at once: stride(dim) releases the GIL (.staging), stride() does not
+    if strides[1] != iv.WORDS or strides[2] != 1:
         route = route.contiguous()
+        strides = route.stride()
     gates, tok_row, counts, decided = scratch if scratch is not None else (route,) * 4  # unread without gates
-    _steer[(n,)](x, x if residual is None else residual, positions, bank, route, route.stride(0), gates, tok_row,
+    _steer[(n,)](x, x if residual is None else residual, positions, bank, route, strides[0], gates, tok_row,
                  counts, decided, **_constants(x.dtype, h, route.shape[1], residual is not None,
                                                None if scratch is None else gates.shape[-1]))
