@@ -10,7 +10,7 @@
 #                                           # armed on all layers (graphs without the op for idle steps,
 #                                           # and without them: HOTWIRE_IDLE_GRAPHS=0), armed on two,
 #                                           # each mode (0.6B: + eager)
-#   bash benchmarks/h200.sh serve  OUTDIR [C...]  # host work per step; a py-spy profile of both engine cores
+#   bash benchmarks/h200.sh serve  OUTDIR [C...]  # host work per step; a py-spy profile of both engine cores, under load at once
 #                                           # at the largest C (needs py-spy on PATH); served tokens/s at
 #                                           # C in flight (default 256; one C per call gives the most
 #                                           # windows), every server under load at once (--simultaneous):
@@ -103,7 +103,7 @@ serve() {  # serve [CONCURRENCY...]: host work, the profile (~3 min), served tok
   job host python3 benchmarks/host_overhead.py --repeat 300 --out "$out/host-overhead.json"
   wait
   if command -v py-spy >/dev/null; then
-    job profile python3 benchmarks/profile_serve.py --shape qwen3-0.6b --concurrency "${cs[-1]}" --seconds 15 --gil-seconds 15 \
+    job profile python3 benchmarks/profile_serve.py --simultaneous --shape qwen3-0.6b --concurrency "${cs[-1]}" --seconds 15 --gil-seconds 15 \
       --out "$out/profile-qwen3-0.6b-c${cs[-1]}.json"
     wait
   else

@@ -7,18 +7,22 @@ step pays for: the hooks, the op's dispatch and launch in steps run without a CU
 what vLLM itself does more or less often.
 
 How: servers and load as in ``serve_throughput.py`` (``serving.py``), one server under load at a
-time: C requests in flight, ``--settle-s``, then ``py-spy record --nonblocking --threads --format
-raw --idle`` on the server's ``VLLM::EngineCore`` process (``--idle``: a thread waiting for the
-GIL or a lock is sampled where it waits, so the step thread's samples cover its whole time) for ``--seconds`` at ``--rate`` Hz, with the
-server's step count read from ``/metrics`` around it; with ``--gil-seconds``, then that long more under the
-same load with ``--gil`` instead of ``--idle`` (only the thread holding the GIL is sampled), summarised as
-the GIL's samples per engine step by thread: who the engine core's one interpreter lock goes to. Summary per server, for the busiest thread
-(the step thread): its samples, engine steps, samples per step, and its samples by owner: a
-sample is hotwire's when the innermost frame of hotwire's or vLLM's code in it is hotwire's (then
-filed by hotwire's module: the op, routing, admission, the hooks, the core's sync, the salt), and
-vLLM's samples by group (the compiled model, the scheduler, output processing, ...). The raw stacks are written beside the JSON
-(``<out>.<server>.txt``, one stack and its count per line) for a flame graph (``flamegraph.pl``,
-speedscope).
+time (``--simultaneous``: both at once, each under its own load, profiled over the same seconds, as
+``serve_throughput.py --simultaneous`` measures them): C requests in flight, ``--settle-s``, then
+``py-spy record --nonblocking --threads --format raw --idle`` on the server's ``VLLM::EngineCore``
+process (``--idle``: a thread waiting for the GIL or a lock is sampled where it waits, so the step
+thread's samples cover its whole time) for ``--seconds`` at ``--rate`` Hz, with the server's step
+count read from ``/metrics`` around it; with ``--gil-seconds``, then that long more under the same
+load with ``--gil`` instead of ``--idle`` (only the thread holding the GIL is sampled), summarised
+as the GIL's samples per engine step by thread: who the engine core's one interpreter lock goes to.
+Summary per server, for the busiest thread (the step thread): its samples, engine steps, samples
+per step, and its samples by owner: a sample is hotwire's when the innermost frame of hotwire's or
+vLLM's code in it is hotwire's (then filed by hotwire's module: the op, routing, admission, the
+hooks, the core's sync, the salt), and vLLM's samples by group (the compiled model, the scheduler,
+output processing, ...). The raw stacks are written beside the JSON (``<out>.<server>.txt``, one
+stack and its count per line) for a flame graph (``flamegraph.pl``, speedscope), and the report
+ends with the innermost frames whose samples per step differ most between the two servers
+(``leaves_differing``): where a longer step spends its extra time.
 
     python benchmarks/profile_serve.py --shape qwen3-0.6b --concurrency 256 --out /tmp/profile.json
 
@@ -38,6 +42,7 @@ import sys
 import tempfile
 import time
 from collections import Counter
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import httpx
@@ -46,6 +51,7 @@ import psutil
 from hotwire.tools.tiny_model import benchmark_model, steered_layers
 from serving import (SERVER_CORES, Load, Server, add_common_args, cpu_plan, engine_args, running, start_run,
                      wait_ready, write_vectors)
+from simultaneous import CLIENTS_PER_CORE, LoadSet, default_processes
 
 # A sample is hotwire's when the innermost frame of hotwire's or vLLM's own code in its stack is
 # hotwire's (hotwire's hooks wrap vLLM's methods, so a wrapper frame alone says nothing); it is
@@ -66,6 +72,7 @@ VLLM_GROUPS = {
     "sampler": ("/sample/",),
 }
 GPU_MEMORY_UTILIZATION = 0.25
+LEAVES = 400  # innermost frames kept per server, by samples: the report compares them across servers
 
 
 def engine_core(server: Server) -> psutil.Process:
@@ -119,10 +126,11 @@ def summarize(raw: Path, steps: int) -> dict:
     if not threads:
         raise SystemExit(f"{raw}: no samples")
     main_thread, total = threads.most_common(1)[0]
-    groups = Counter()
+    groups, leaves = Counter(), Counter()
     for thread, frames, count in stacks:
         if thread != main_thread:
             continue
+        leaves[frames[-1] if frames else "(no frame)"] += count
         owner, part = _owner(frames)
         groups[owner] += count
         if owner == "hotwire":
@@ -137,7 +145,39 @@ def summarize(raw: Path, steps: int) -> dict:
     return {"thread": main_thread, "samples": total, "steps": steps, "samples_per_step": round(total / per_step, 4),
             "groups": {name: {"samples": n, "share": round(n / total, 4), "per_step": round(n / per_step, 4)}
                        for name, n in sorted(groups.items())},
-            "other_threads": dict(threads.most_common()[1:6])}
+            "other_threads": dict(threads.most_common()[1:6]),
+            "leaves_per_step": {f: round(n / per_step, 4) for f, n in leaves.most_common(LEAVES)}}
+
+
+def _profile(servers: list[Server], client: httpx.Client, pyspy: str, args: argparse.Namespace) -> dict[str, dict]:
+    """py-spy on the engine cores of ``servers`` over the same seconds (their loads running), then
+    with ``--gil-seconds`` once more sampling the GIL's holder; each server's summary."""
+    def all_at_once(seconds: float, suffix: str, gil: bool) -> None:
+        with ThreadPoolExecutor(len(servers)) as pool:
+            list(pool.map(lambda s: record(pyspy, engine_core(s).pid, seconds, args.rate,
+                                           args.out.with_suffix(f".{s.name}{suffix}"), gil=gil), servers))
+
+    before = {s.name: s.metrics(client) for s in servers}
+    all_at_once(args.seconds, ".txt", False)
+    after = {s.name: s.metrics(client) for s in servers}
+    if args.gil_seconds > 0:
+        all_at_once(args.gil_seconds, ".gil.txt", True)
+        end = {s.name: s.metrics(client) for s in servers}
+    out = {}
+    for s in servers:
+        a, b = before[s.name], after[s.name]
+        wall = b["t"] - a["t"]
+        summary = summarize(args.out.with_suffix(f".{s.name}.txt"), int(b["steps"] - a["steps"]))
+        summary["tokens_per_s"] = round((b["generation_tokens"] - a["generation_tokens"]) / wall, 1)
+        summary["step_ms"] = round(1000 * wall / max(summary["steps"], 1), 3)
+        if args.gil_seconds > 0:
+            summary["gil"] = summarize_gil(args.out.with_suffix(f".{s.name}.gil.txt"),
+                                           int(end[s.name]["steps"] - b["steps"]), args.gil_seconds, args.rate)
+        hot = summary["groups"].get("hotwire", {"share": 0.0})
+        print(f"{s.name}: {summary['tokens_per_s']:.0f} tok/s, {summary['step_ms']:.2f} ms/step, "
+              f"{summary['samples_per_step']:.2f} samples/step; hotwire {hot['share']:.1%}", flush=True)
+        out[s.name] = summary
+    return out
 
 
 def _thread_name(label: str) -> str:
@@ -167,6 +207,9 @@ def main() -> None:
     ap.add_argument("--settle-s", type=float, default=4.0)
     ap.add_argument("--seconds", type=float, default=15.0, help="profile length per server (default 15)")
     ap.add_argument("--rate", type=int, default=250, help="py-spy samples per second (default 250)")
+    ap.add_argument("--simultaneous", action="store_true",
+                    help="both servers under their own load at once, profiled over the same seconds (default: "
+                         "one server at a time)")
     ap.add_argument("--gil-seconds", type=float, default=0.0,
                     help="then, under the same load, this long sampling only the thread that holds the GIL "
                          "(default 0: not)")
@@ -183,7 +226,9 @@ def main() -> None:
     shape = json.loads((model / "config.json").read_text())
     write_vectors(work / "vectors", shape["hidden_size"])
     engine = engine_args(shape, args.smoke, args.concurrency, prompt_len, max_tokens, GPU_MEMORY_UTILIZATION)
-    plan = None if args.smoke else cpu_plan([SERVER_CORES] * 2, args.client_processes)
+    processes = default_processes(args.concurrency) if args.simultaneous else args.client_processes
+    clients, per_core = (2 * processes, CLIENTS_PER_CORE) if args.simultaneous else (processes, 1)
+    plan = None if args.smoke else cpu_plan([SERVER_CORES] * 2, clients, per_core)
     if plan is not None:
         os.sched_setaffinity(0, plan[1])
     servers = [Server(name, work, model, engine, plugin=plugin, vectors=work / "vectors",
@@ -194,39 +239,27 @@ def main() -> None:
                 max_tokens=(max_tokens // 2, max_tokens + max_tokens // 2), seed=7)
     result = {"command": " ".join([Path(sys.executable).name] + sys.argv), "date": time.strftime("%Y-%m-%d %H:%M"),
               "gpu": gpu or "cpu", "shape": shape_name, "engine": engine, "concurrency": args.concurrency,
-              "steered_fraction": args.steered_fraction, "seconds": args.seconds, "rate": args.rate, "servers": {}}
-    load = Load(args.client_processes)
+              "steered_fraction": args.steered_fraction, "seconds": args.seconds, "rate": args.rate,
+              "simultaneous": args.simultaneous, "servers": {}}
+    load = LoadSet(servers, processes) if args.simultaneous else Load(processes)
     client = httpx.Client(timeout=30)
+    busy_s = args.settle_s + args.seconds + args.gil_seconds
     with running(servers, load, client):
         for s in servers:
             s.start()
         result["startup_s"] = wait_ready(servers, t0)
-        for s in servers:
-            busy_s = args.settle_s + args.seconds + args.gil_seconds
-            load.start(s.url, args.concurrency, make, time.time() + busy_s + 120)
+        if args.simultaneous:
+            load.start(args.concurrency, make, time.time() + busy_s + 120, processes)
             load.wait(time.monotonic() + args.settle_s)
-            before = s.metrics(client)
-            raw = args.out.with_suffix(f".{s.name}.txt")
-            record(pyspy, engine_core(s).pid, args.seconds, args.rate, raw)
-            after = s.metrics(client)
-            gil = None
-            if args.gil_seconds > 0:
-                gil_raw = args.out.with_suffix(f".{s.name}.gil.txt")
-                record(pyspy, engine_core(s).pid, args.gil_seconds, args.rate, gil_raw, gil=True)
-                gil = summarize_gil(gil_raw, int(s.metrics(client)["steps"] - after["steps"]), args.gil_seconds,
-                                    args.rate)
+            result["servers"] = _profile(servers, client, pyspy, args)
             load.stop()
-            s.wait_idle(client)
-            wall = after["t"] - before["t"]
-            summary = summarize(raw, int(after["steps"] - before["steps"]))
-            summary["tokens_per_s"] = round((after["generation_tokens"] - before["generation_tokens"]) / wall, 1)
-            summary["step_ms"] = round(1000 * wall / max(summary["steps"], 1), 3)
-            if gil is not None:
-                summary["gil"] = gil
-            result["servers"][s.name] = summary
-            hot = summary["groups"].get("hotwire", {"share": 0.0})
-            print(f"{s.name}: {summary['tokens_per_s']:.0f} tok/s, {summary['step_ms']:.2f} ms/step, "
-                  f"{summary['samples_per_step']:.2f} samples/step; hotwire {hot['share']:.1%}", flush=True)
+        else:
+            for s in servers:
+                load.start(s.url, args.concurrency, make, time.time() + busy_s + 120)
+                load.wait(time.monotonic() + args.settle_s)
+                result["servers"].update(_profile([s], client, pyspy, args))
+                load.stop()
+                s.wait_idle(client)
     free, hot = result["servers"]["plugin_free"], result["servers"]["hotwire"]
     names = sorted(set(free["groups"]) | set(hot["groups"]))
 
@@ -234,11 +267,18 @@ def main() -> None:
         return side["groups"].get(name, {}).get("per_step", 0.0)
 
     result["per_step"] = {name: [per_step(free, name), per_step(hot, name)] for name in names}
-    args.out.write_text(json.dumps(result, indent=1))
     print(f"\nsamples per engine step at {args.rate} Hz, plugin-free / hotwire / difference "
           f"(all: {free['samples_per_step']:.3f} / {hot['samples_per_step']:.3f}):")
     for name, (a, b) in result["per_step"].items():
         print(f"  {name:22s} {a:8.3f} {b:8.3f} {b - a:+8.3f}")
+    leaves = set(free["leaves_per_step"]) | set(hot["leaves_per_step"])
+    differ = sorted(((hot["leaves_per_step"].get(f, 0.0) - free["leaves_per_step"].get(f, 0.0), f) for f in leaves),
+                    key=lambda d: -abs(d[0]))[:20]
+    result["leaves_differing"] = [{"frame": f, "per_step_difference": round(d, 4)} for d, f in differ]
+    args.out.write_text(json.dumps(result, indent=1))
+    print("\ninnermost frames whose samples per step differ most (hotwire - plugin-free):")
+    for d, f in differ:
+        print(f"  {d:+8.3f}  {f[:150]}")
     if "gil" in free and "gil" in hot:
         print(f"\nGIL held, samples per engine step by thread, plugin-free / hotwire "
               f"(held at all: {free['gil']['held_share']:.1%} / {hot['gil']['held_share']:.1%} of samples):")
