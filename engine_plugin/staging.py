@@ -15,7 +15,8 @@ request arrives or the batch changes. So:
   step thread waits for it back (measured on the H200 at 256 in flight: ~70 µs a call where it
   costs ~7 µs alone). Slicing a tensor is such a call too (``aten::slice`` lets the GIL go, as
   ``stride(dim)`` does; ``shape``, ``stride()`` and ``data_ptr()`` do not), so the spans a ring
-  hands out are views made once and kept.
+  hands out, and those of the tables they are gathered into, are views made once and kept
+  (:class:`Spans`).
 """
 
 from __future__ import annotations
@@ -52,6 +53,24 @@ def _unified_view(host: torch.Tensor) -> torch.Tensor | None:
         return None
 
 
+class Spans:
+    """Views of one tensor that never moves, each made on first use and kept: ``get(start, stop)``
+    is ``tensor[start:stop]`` (viewed as ``shape`` if given) with no torch call once made. At most
+    one view per distinct span, and a step's spans recur (batch sizes)."""
+
+    def __init__(self, tensor: torch.Tensor):
+        self._tensor = tensor
+        self._views: dict[tuple[int, int, tuple[int, ...] | None], torch.Tensor] = {}
+
+    def get(self, start: int, stop: int, shape: tuple[int, ...] | None = None) -> torch.Tensor:
+        key = (start, stop, shape)
+        view = self._views.get(key)
+        if view is None:
+            view = self._tensor[start:stop]
+            view = self._views[key] = view if shape is None else view.view(shape)
+        return view
+
+
 class HostRing:
     """``depth`` int32 host buffers of ``words`` each, used in turn: :meth:`next` hands out the
     next one's numpy view to fill, :meth:`read` a span of it as a tensor the device reads.
@@ -72,12 +91,9 @@ class HostRing:
         self._np = [h.numpy() for h in self._host]
         views = [_unified_view(h) if cuda else h for h in self._host]
         self.direct = all(v is not None for v in views)
-        self._read = views if self.direct else self._host
+        self._spans = [Spans(v) for v in (views if self.direct else self._host)]
         self._device = device
         self._i = -1
-        # (buffer, start, stop, shape) -> its view, made on first use: a buffer never moves, and a
-        # step's spans recur (batch sizes), so a step makes no slicing call
-        self._views: dict[tuple, torch.Tensor] = {}
 
     def next(self) -> np.ndarray:
         """The next buffer, to fill on the host (its previous contents stay until overwritten)."""
@@ -87,9 +103,5 @@ class HostRing:
     def read(self, start: int, stop: int, shape: tuple[int, ...] | None = None) -> torch.Tensor:
         """Words ``[start, stop)`` of the current buffer (viewed as ``shape`` if given), as the
         device reads them."""
-        key = (self._i, start, stop, shape)
-        view = self._views.get(key)
-        if view is None:
-            view = self._read[self._i][start:stop]
-            view = self._views[key] = view if shape is None else view.view(shape)
+        view = self._spans[self._i].get(start, stop, shape)
         return view if self.direct else view.to(self._device, non_blocking=True)

@@ -30,6 +30,7 @@ import torch
 from torch import nn
 
 from .interventions import WORDS
+from .staging import Spans
 from .steer_op import GateScratch, StepState, attach, steer_
 
 _LAYER_INDEX = re.compile(r"(?:^|\.)layers\.(\d+)$")
@@ -74,7 +75,7 @@ class SteeringTables(nn.Module):
         buf("gates", max_tokens, entries)
         buf("gate_counts", requests + 1, entries)
         buf("gate_decided", requests + 1, entries)
-        self._spans: dict[tuple[int, int], torch.Tensor] = {}  # :meth:`_leading`'s views
+        self._tok_route_spans, self._tok_row_spans = Spans(self.tok_route), Spans(self.tok_row)
         self.step = StepState(GateScratch(self.gates, self.tok_row, self.gate_counts, self.gate_decided),
                               [self.layer(pos) for pos in range(armed)])
         attach(self.bank, self.step)
@@ -88,17 +89,9 @@ class SteeringTables(nn.Module):
         into ``tok_route[:n]``: one gather; and ``rows`` into ``tok_row[:n]`` where the op reads
         it (``gated``: a request of the step has gates, whose counts go by request row)."""
         n = rows.shape[0]
-        torch.index_select(self.route, 0, rows, out=self._leading(self.tok_route, n))
+        torch.index_select(self.route, 0, rows, out=self._tok_route_spans.get(0, n))
         if gated:
-            self._leading(self.tok_row, n).copy_(rows)
-
-    def _leading(self, table: torch.Tensor, n: int) -> torch.Tensor:
-        """``table[:n]``, made once per (table, n): slicing releases the GIL (:mod:`.staging`)."""
-        key = (table.data_ptr(), n)
-        view = self._spans.get(key)
-        if view is None:
-            view = self._spans[key] = table[:n]
-        return view
+            self._tok_row_spans.get(0, n).copy_(rows)
 
     def layer(self, pos: int) -> torch.Tensor:
         """Armed layer ``pos``'s per-token entries: a view ``[N, K, 8]``."""
