@@ -112,17 +112,23 @@ def _owner(frames: list[str]) -> tuple[str, str | None]:
     return "other", None
 
 
-def summarize(raw: Path, steps: int) -> dict:
-    """The busiest thread's samples (the step thread): hotwire's by part, vLLM's by group."""
-    threads: Counter[str] = Counter()
-    stacks: list[tuple[str, list[str], int]] = []
+def _stacks(raw: Path) -> list[tuple[str, list[str], int]]:
+    """py-spy's raw output: ``(thread label, frames outermost first, samples)`` per line."""
+    out = []
     for line in raw.read_text(errors="replace").splitlines():
         stack, _, count = line.rpartition(" ")
-        if not stack or not count.isdigit():
-            continue
-        frames = stack.split(";")
-        threads[frames[0]] += int(count)
-        stacks.append((frames[0], frames[1:], int(count)))
+        if stack and count.isdigit():
+            frames = stack.split(";")
+            out.append((frames[0], frames[1:], int(count)))
+    return out
+
+
+def summarize(raw: Path, steps: int) -> dict:
+    """The busiest thread's samples (the step thread): hotwire's by part, vLLM's by group."""
+    stacks = _stacks(raw)
+    threads: Counter[str] = Counter()
+    for thread, _, count in stacks:
+        threads[thread] += count
     if not threads:
         raise SystemExit(f"{raw}: no samples")
     main_thread, total = threads.most_common(1)[0]
@@ -189,10 +195,8 @@ def summarize_gil(raw: Path, steps: int, seconds: float, rate: int) -> dict:
     """Who holds the GIL: samples per thread, per engine step and as a share of all samples taken
     (the rest: no thread held it)."""
     threads: Counter[str] = Counter()
-    for line in raw.read_text(errors="replace").splitlines():
-        stack, _, count = line.rpartition(" ")
-        if stack and count.isdigit():
-            threads[_thread_name(stack.split(";")[0])] += int(count)
+    for thread, _, count in _stacks(raw):
+        threads[_thread_name(thread)] += count
     taken = max(1, int(seconds * rate))
     per_step = max(steps, 1)
     return {"steps": steps, "held_share": round(sum(threads.values()) / taken, 4),

@@ -153,6 +153,7 @@ import sys
 import tempfile
 import time
 from importlib.metadata import version
+from typing import NamedTuple
 from pathlib import Path
 
 import httpx
@@ -173,14 +174,28 @@ BLOCK = 3  # --simultaneous: windows per block of the moving-block bootstrap (ne
 SEQUENTIAL_CLIENTS = 4  # load-generator processes of the sequential design's one load
 GPU_MEMORY_UTILIZATION = 0.25  # per server: what vLLM checks is free at its start (the KV cache is sized)
 MAX_SERVERS = int(1 / GPU_MEMORY_UTILIZATION)  # that many share the GPU
-SERVERS = {  # name: (hotwire loaded, --enforce-eager, armed only on the steered layers, the original instead)
-    "plugin_free": (False, False, False, False),
-    "hotwire": (True, False, False, False),
-    "hotwire_2": (True, False, True, False),
-    "hotwire_one_graph": (True, False, False, False),  # HOTWIRE_IDLE_GRAPHS=0: one graph set, the op in it
-    "eager": (True, True, False, False),
-    "original": (False, False, False, True),
-    "plugin_free_2": (False, False, False, False),  # the A/A control: the method's own null
+
+
+class Kind(NamedTuple):
+    """What a server of ``--servers`` runs: hotwire loaded, ``--enforce-eager``, the original
+    instead, and the ``HOTWIRE_*`` settings it adds (``HOTWIRE_LAYERS`` = :data:`STEERED`: the
+    steered layers, known once the model is built)."""
+
+    plugin: bool
+    eager: bool = False
+    original: bool = False
+    env: dict[str, str] | None = None
+
+
+STEERED = "<steered layers>"
+SERVERS = {
+    "plugin_free": Kind(False),
+    "hotwire": Kind(True),
+    "hotwire_2": Kind(True, env={"HOTWIRE_LAYERS": STEERED}),  # armed only on the steered layers
+    "hotwire_one_graph": Kind(True, env={"HOTWIRE_IDLE_GRAPHS": "0"}),  # one graph set, the op in each
+    "eager": Kind(True, eager=True),
+    "original": Kind(False, original=True),
+    "plugin_free_2": Kind(False),  # the A/A control: the method's own null
 }
 CONTRASTS = ("eager", "original", "plugin_free_2")  # reported beside plugin-free; the target is on the others
 ORIGINAL_POOL = 128  # specs the steered requests draw from when the original runs: 256 slots
@@ -191,11 +206,11 @@ HOST_FIELDS = ("host_us_per_step", "steady_us_per_step", "changed_us_per_step", 
 
 def _server(name: str, work: Path, model: Path, engine: dict, steered: str, cpus: list[int] | None,
             original: dict[str, str] | None) -> Server:
-    plugin, eager, two, orig = SERVERS[name]
-    if orig:
+    kind = SERVERS[name]
+    if kind.original:
         return Server(name, work, model, engine, plugin=False, vectors=work / "vectors-pt", cpus=cpus, env=original)
-    env = {"HOTWIRE_LAYERS": steered} if two else {"HOTWIRE_IDLE_GRAPHS": "0"} if name == "hotwire_one_graph" else None
-    return Server(name, work, model, {**engine, "enforce_eager": True} if eager else engine, plugin=plugin,
+    env = None if kind.env is None else {k: steered if v == STEERED else v for k, v in kind.env.items()}
+    return Server(name, work, model, {**engine, "enforce_eager": True} if kind.eager else engine, plugin=kind.plugin,
                   vectors=work / "vectors", cpus=cpus, env=env)
 
 
@@ -232,8 +247,8 @@ def _probe(servers: list[Server], client: httpx.Client, layers: tuple[int, int],
            prompt_len: int) -> dict:
     """``serving.probe_steering`` on every server that steers (unsteered answers compared with
     plugin-free's where the engine flags are the same: not the eager one)."""
-    steering = [s for s in servers if SERVERS[s.name][0] or SERVERS[s.name][3]]
-    exact = {s.name for s in steering if not SERVERS[s.name][1]}
+    steering = [s for s in servers if SERVERS[s.name].plugin or SERVERS[s.name].original]
+    exact = {s.name for s in steering if not SERVERS[s.name].eager}
     prompt = np.random.default_rng(7).integers(10, vocab - 10, prompt_len).tolist()
     return probe_steering(servers[0], steering, exact, client, prompt, steer_spec(0, layers), PROBE_TOKENS)
 
@@ -475,7 +490,7 @@ def _markdown(rows: list[dict], names: list[str], simultaneous: bool) -> str:
             cpu = ", ".join(f"{p} {v:g}" for p, v in r[f"{n}_cpu_s"].items())
             out.append(f"| {r['concurrency']} | {n} | {r[f'{n}_window_s']:g} | {r[f'{n}_steps']} | "
                        f"{r[f'{n}_step_ms']:.3f} | {cpu} | {r[f'{n}_client_cpu_s']:g} |")
-    hot = [n for n in names if SERVERS[n][0]]
+    hot = [n for n in names if SERVERS[n].plugin]
     if hot:
         out += ["", ("hotwire's host time per engine step (µs, medians over windows): all steps, steady steps, "
                      "steps where requests came or went, per hook (engine core, rank's schedule, rank's batch "
@@ -578,7 +593,7 @@ def main() -> None:
     print(f"work dir (server logs): {work}", flush=True)
     load = LoadSet(servers, clients) if args.simultaneous else Load(clients)  # spawns while the servers start
     pending: dict = {}
-    watches = {s.name: original_plugin.LogWatch(s.log) for s in servers if SERVERS[s.name][3]}
+    watches = {s.name: original_plugin.LogWatch(s.log) for s in servers if SERVERS[s.name].original}
     client = httpx.Client(timeout=30)
     with running(servers, load, client):
         for s in servers:
