@@ -28,7 +28,8 @@ How:
   ``hotwire`` (the plugin loaded through its entry point, 256 random startup vectors from
   ``HOTWIRE_VECTORS``, its own ``HOTWIRE_MAILBOX``, every layer armed), ``hotwire_2`` (the same,
   ``HOTWIRE_LAYERS`` = the two steered layers), ``hotwire_one_graph`` (the same as ``hotwire`` with
-  ``HOTWIRE_IDLE_GRAPHS=0``: one set of graphs, the op in each), ``eager`` (hotwire with ``--enforce-eager``) and
+  ``HOTWIRE_IDLE_GRAPHS=0``: one set of graphs, the op in each), ``hotwire_again`` (``hotwire`` once
+  more: with ``--cores-order`` it tells a cost that follows hotwire from one that follows the cores), ``eager`` (hotwire with ``--enforce-eager``) and
   ``original`` (hotwire-vllm 0.1.2 installed in ``--original-site``, run alone:
   ``original_plugin.py`` says why that takes more than ``PYTHONPATH``, and checks with vLLM's own
   plugin loader that it loads exactly that plugin; the startup vectors as ``.pt`` files,
@@ -37,7 +38,8 @@ How:
   GPU: a Qwen3 shape (``write_config``), ``--load-format dummy``, bf16, ``TRITON_ATTN``,
   ``--skip-tokenizer-init`` (prompts are token ids; vLLM returns token ids without detokenizing,
   which suits a dummy model's arbitrary ids), vLLM's default torch.compile and CUDA graphs. Each
-  server is pinned to its own ``SERVER_CORES`` physical cores and the load generator to the rest
+  server is pinned to its own ``SERVER_CORES`` physical cores (in ``--cores-order``, default the order of
+  ``--servers`` with plugin-free first) and the load generator to the rest
   (``cpu_plan``: one core per process of the sequential load; simultaneous, all servers' load
   processes, ``CLIENTS_PER_CORE`` to a core; skipped when the CPUs are too few, and within
   ``taskset`` when run under it). The servers share one GPU: each gets ``--gpu-memory-utilization
@@ -193,6 +195,7 @@ SERVERS = {
     "hotwire": Kind(True),
     "hotwire_2": Kind(True, env={"HOTWIRE_LAYERS": STEERED}),  # armed only on the steered layers
     "hotwire_one_graph": Kind(True, env={"HOTWIRE_IDLE_GRAPHS": "0"}),  # one graph set, the op in each
+    "hotwire_again": Kind(True),  # hotwire's own B/B control: where its cores are, what it costs
     "eager": Kind(True, eager=True),
     "original": Kind(False, original=True),
     "plugin_free_2": Kind(False),  # the A/A control: the method's own null
@@ -540,6 +543,9 @@ def main() -> None:
     ap.add_argument("--simultaneous", action="store_true",
                     help="every server under its own load at the same time, windows over the same seconds "
                          "(default: one server at a time, A B B A)")
+    ap.add_argument("--cores-order", nargs="+", choices=list(SERVERS),
+                    help="the servers in the order they take the pinned CPU sets (default: plugin_free, then "
+                         "--servers): a run with another order tells whether a ratio follows the server or its cores")
     ap.add_argument("--original-site", type=Path,
                     help=f"folder holding {original_plugin.DIST} {original_plugin.VERSION} (pip install --no-deps "
                          "--target), for --servers original")
@@ -548,6 +554,9 @@ def main() -> None:
     args = ap.parse_args()
     names = ["plugin_free"] + [n for n in dict.fromkeys(args.servers) if n != "plugin_free"]
     _check_servers(names)
+    order = args.cores_order or names
+    if sorted(order) != sorted(names):
+        raise SystemExit(f"--cores-order {' '.join(order)}: name each server once ({' '.join(names)})")
     _check_original_args(args, names)
     gpu = start_run(args.smoke)
     concurrency = args.concurrency or ([4, 8] if args.smoke else [64, 256])
@@ -573,8 +582,8 @@ def main() -> None:
     plan = None if args.smoke else cpu_plan([SERVER_CORES] * len(names), *need)
     if plan is not None:
         os.sched_setaffinity(0, plan[1])  # this process and the load generator's, which inherit it
-    servers = [_server(n, work, model, engine, ",".join(map(str, layers)), plan and plan[0][i], original_env)
-               for i, n in enumerate(names)]
+    cpus = {n: plan[0][order.index(n)] for n in names} if plan is not None else dict.fromkeys(names)
+    servers = [_server(n, work, model, engine, ",".join(map(str, layers)), cpus[n], original_env) for n in names]
 
     result = {"command": " ".join([Path(sys.executable).name] + sys.argv), "date": time.strftime("%Y-%m-%d %H:%M"),
               "host": platform.node(), "gpu": gpu or "cpu", "torch": version("torch"), "shape": shape_name,
@@ -585,7 +594,7 @@ def main() -> None:
               "window_s": args.window_s, "settle_s": args.settle_s, "budget_s": args.budget_s,
               "prompt_len": prompt_len, "max_tokens_range": lengths, "steered_fraction": args.steered_fraction,
               "spec_pool": pool, "original": original, "client_processes": clients,
-              "cpus": None if plan is None else {**{n: plan[0][i] for i, n in enumerate(names)}, "clients": plan[1]},
+              "cpus": None if plan is None else {**cpus, "clients": plan[1]},
               "env": {k: os.environ[k] for k in ("VLLM_USE_V2_MODEL_RUNNER",) if k in os.environ},
               "phases_s": {}, "stopped_by": {}, "stretches": {}, "samples": []}
     args.out.parent.mkdir(parents=True, exist_ok=True)

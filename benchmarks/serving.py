@@ -167,8 +167,14 @@ class Server(Managed):
                 "vllm:num_preemptions_total": "preemptions", "vllm:num_requests_running": "running",
                 "vllm:num_requests_waiting": "waiting", "vllm:time_to_first_token_seconds_sum": "ttft_sum_s",
                 "vllm:time_to_first_token_seconds_count": "ttft_count"}
-        t0 = time.monotonic()
-        text = client.get(self.url + "/metrics").text
+        for attempt in range(2):  # once more on a dropped connection: uvicorn closes one idle for 5 s, a
+            t0 = time.monotonic()  # window's length, and may do so as the client reuses it
+            try:
+                text = client.get(self.url + "/metrics").text
+                break
+            except httpx.TransportError:
+                if attempt:
+                    raise
         t1 = time.monotonic()
         out: dict[str, float] = {"t": (t0 + t1) / 2, "read_ms": 1000 * (t1 - t0)}
         for family in text_string_to_metric_families(text):
