@@ -6,7 +6,8 @@ hotwire's server beside a plugin-free one under the same closed-loop load, shows
 step pays for: the hooks, the op's dispatch and launch in steps run without a CUDA graph, and
 what vLLM itself does more or less often.
 
-How: servers and load as in ``serve_throughput.py`` (``serving.py``), one server under load at a
+How: servers and load as in ``serve_throughput.py`` (``serving.py``; ``--against``: the server beside
+plugin-free, of a kind ``server_kinds.py`` names, default ``hotwire``), one server under load at a
 time (``--simultaneous``: both at once, each under its own load, profiled over the same seconds, as
 ``serve_throughput.py --simultaneous`` measures them): C requests in flight, ``--settle-s``, then
 ``py-spy record --nonblocking --threads --format raw --idle`` on the server's ``VLLM::EngineCore``
@@ -51,6 +52,7 @@ import psutil
 from hotwire.tools.tiny_model import benchmark_model, steered_layers
 from serving import (SERVER_CORES, Load, Server, add_common_args, cpu_plan, engine_args, running, start_run,
                      wait_ready, write_vectors)
+from server_kinds import KINDS, make_server
 from simultaneous import CLIENTS_PER_CORE, LoadSet, default_processes
 
 # A sample is hotwire's when the innermost frame of hotwire's or vLLM's own code in its stack is
@@ -217,6 +219,10 @@ def main() -> None:
     ap.add_argument("--gil-seconds", type=float, default=0.0,
                     help="then, under the same load, this long sampling only the thread that holds the GIL "
                          "(default 0: not)")
+    beside = [k for k, kind in KINDS.items() if k != "plugin_free" and not kind.original and not kind.eager]
+    ap.add_argument("--against", choices=beside, default="hotwire",
+                    help="the server profiled beside plugin-free (default hotwire; e.g. hotwire_unarmed: the "
+                         "plugin loaded with nothing armed)")
     add_common_args(ap)
     args = ap.parse_args()
     gpu = start_run(args.smoke)
@@ -235,10 +241,9 @@ def main() -> None:
     plan = None if args.smoke else cpu_plan([SERVER_CORES] * 2, clients, per_core)
     if plan is not None:
         os.sched_setaffinity(0, plan[1])
-    servers = [Server(name, work, model, engine, plugin=plugin, vectors=work / "vectors",
-                      cpus=plan and plan[0][i]) for i, (name, plugin) in enumerate((("plugin_free", False),
-                                                                                       ("hotwire", True)))]
     layers = steered_layers(shape["num_hidden_layers"])
+    servers = [make_server(name, work, model, engine, ",".join(map(str, layers)), plan and plan[0][i])
+               for i, name in enumerate(("plugin_free", args.against))]
     make = dict(vocab=shape["vocab_size"], layers=layers, fraction=args.steered_fraction, prompt_len=prompt_len,
                 max_tokens=(max_tokens // 2, max_tokens + max_tokens // 2), seed=7)
     result = {"command": " ".join([Path(sys.executable).name] + sys.argv), "date": time.strftime("%Y-%m-%d %H:%M"),
@@ -264,14 +269,15 @@ def main() -> None:
                 result["servers"].update(_profile([s], client, pyspy, args))
                 load.stop()
                 s.wait_idle(client)
-    free, hot = result["servers"]["plugin_free"], result["servers"]["hotwire"]
+    result["against"] = args.against
+    free, hot = result["servers"]["plugin_free"], result["servers"][args.against]
     names = sorted(set(free["groups"]) | set(hot["groups"]))
 
     def per_step(side: dict, name: str) -> float:
         return side["groups"].get(name, {}).get("per_step", 0.0)
 
     result["per_step"] = {name: [per_step(free, name), per_step(hot, name)] for name in names}
-    print(f"\nsamples per engine step at {args.rate} Hz, plugin-free / hotwire / difference "
+    print(f"\nsamples per engine step at {args.rate} Hz, plugin-free / {args.against} / difference "
           f"(all: {free['samples_per_step']:.3f} / {hot['samples_per_step']:.3f}):")
     for name, (a, b) in result["per_step"].items():
         print(f"  {name:22s} {a:8.3f} {b:8.3f} {b - a:+8.3f}")
@@ -280,11 +286,11 @@ def main() -> None:
                     key=lambda d: -abs(d[0]))[:20]
     result["leaves_differing"] = [{"frame": f, "per_step_difference": round(d, 4)} for d, f in differ]
     args.out.write_text(json.dumps(result, indent=1))
-    print("\ninnermost frames whose samples per step differ most (hotwire - plugin-free):")
+    print(f"\ninnermost frames whose samples per step differ most ({args.against} - plugin-free):")
     for d, f in differ:
         print(f"  {d:+8.3f}  {f[:150]}")
     if "gil" in free and "gil" in hot:
-        print(f"\nGIL held, samples per engine step by thread, plugin-free / hotwire "
+        print(f"\nGIL held, samples per engine step by thread, plugin-free / {args.against} "
               f"(held at all: {free['gil']['held_share']:.1%} / {hot['gil']['held_share']:.1%} of samples):")
         for name in sorted(set(free["gil"]["threads"]) | set(hot["gil"]["threads"])):
             a, b = (side["gil"]["threads"].get(name, {}).get("per_step", 0.0) for side in (free, hot))

@@ -23,17 +23,20 @@ runs at that moment (the host, a shared machine), which only windows over the sa
 How:
 * Servers: ``python -m vllm.entrypoints.openai.api_server`` subprocesses, each in its own session
   (its process group is killed on exit), started together and awaited on ``/health`` (a server that
-  dies fails the run at once, with its log tail): ``plugin_free`` (``VLLM_PLUGINS=none``; checked to
-  create no mailbox), ``plugin_free_2`` (the same flags: the A/A control, reported as a contrast),
-  ``hotwire`` (the plugin loaded through its entry point, 256 random startup vectors from
-  ``HOTWIRE_VECTORS``, its own ``HOTWIRE_MAILBOX``, every layer armed), ``hotwire_2`` (the same,
-  ``HOTWIRE_LAYERS`` = the two steered layers), ``hotwire_one_graph`` (the same as ``hotwire`` with
-  ``HOTWIRE_IDLE_GRAPHS=0``: one set of graphs, the op in each), ``hotwire_again`` (``hotwire`` once
-  more: with ``--cores-order`` it tells a cost that follows hotwire from one that follows the cores), ``eager`` (hotwire with ``--enforce-eager``) and
-  ``original`` (hotwire-vllm 0.1.2 installed in ``--original-site``, run alone:
-  ``original_plugin.py`` says why that takes more than ``PYTHONPATH``, and checks with vLLM's own
-  plugin loader that it loads exactly that plugin; the startup vectors as ``.pt`` files,
-  ``HOTWIRE_SLOTS`` = the distinct entries of the spec pool, 256), as ``--servers`` lists them, at
+  dies fails the run at once, with its log tail), of the kinds ``server_kinds.py`` names:
+  ``plugin_free`` (``VLLM_PLUGINS=none``; checked to create no mailbox), ``plugin_free_2`` (the same
+  flags: the A/A control, reported as a contrast), ``plugin_free_own_compile`` (the same, compiled in a
+  cache of its own: a contrast), ``hotwire`` (the plugin loaded through its entry point, 256 random
+  startup vectors from ``HOTWIRE_VECTORS``, its own ``HOTWIRE_MAILBOX``, every layer armed),
+  ``hotwire_2`` (the same, ``HOTWIRE_LAYERS`` = the two steered layers), ``hotwire_one_graph`` (the same
+  as ``hotwire`` with ``HOTWIRE_IDLE_GRAPHS=0``: one set of graphs, the op in each), ``hotwire_again``
+  (``hotwire`` once more: with ``--cores-order`` it tells a cost that follows hotwire from one that
+  follows the cores), ``hotwire_unarmed`` (hotwire loaded with ``HOTWIRE_LAYERS`` empty: what it costs
+  with nothing to steer; a contrast), ``eager`` (hotwire with ``--enforce-eager``) and ``original``
+  (hotwire-vllm 0.1.2 installed in ``--original-site``, run alone: ``original_plugin.py`` says why that
+  takes more than ``PYTHONPATH``, and checks with vLLM's own plugin loader that it loads exactly that
+  plugin; the startup vectors as ``.pt`` files, ``HOTWIRE_SLOTS`` = the distinct entries of the spec
+  pool, 256), as ``--servers`` lists them, at
   most ``MAX_SERVERS`` (4).
   GPU: a Qwen3 shape (``write_config``), ``--load-format dummy``, bf16, ``TRITON_ATTN``,
   ``--skip-tokenizer-init`` (prompts are token ids; vLLM returns token ids without detokenizing,
@@ -155,7 +158,6 @@ import sys
 import tempfile
 import time
 from importlib.metadata import version
-from typing import NamedTuple
 from pathlib import Path
 
 import httpx
@@ -167,6 +169,7 @@ from hotwire.tools.tiny_model import benchmark_model, steered_layers
 from serving import (SERVER_CORES, Load, Server, add_common_args, check_steering, cpu_plan, engine_args, median,
                      median_ci, pool_entries, probe_steering, running, snapshot, start_run, startup_vectors,
                      steer_spec, verdict, wait_ready, window_row, write_vectors)
+from server_kinds import KINDS, make_server
 from simultaneous import CLIENTS_PER_CORE, LoadSet, default_processes, edge, windows
 
 TARGET = 0.99
@@ -178,43 +181,12 @@ GPU_MEMORY_UTILIZATION = 0.25  # per server: what vLLM checks is free at its sta
 MAX_SERVERS = int(1 / GPU_MEMORY_UTILIZATION)  # that many share the GPU
 
 
-class Kind(NamedTuple):
-    """What a server of ``--servers`` runs: hotwire loaded, ``--enforce-eager``, the original
-    instead, and the ``HOTWIRE_*`` settings it adds (``HOTWIRE_LAYERS`` = :data:`STEERED`: the
-    steered layers, known once the model is built)."""
-
-    plugin: bool
-    eager: bool = False
-    original: bool = False
-    env: dict[str, str] | None = None
-
-
-STEERED = "<steered layers>"
-SERVERS = {
-    "plugin_free": Kind(False),
-    "hotwire": Kind(True),
-    "hotwire_2": Kind(True, env={"HOTWIRE_LAYERS": STEERED}),  # armed only on the steered layers
-    "hotwire_one_graph": Kind(True, env={"HOTWIRE_IDLE_GRAPHS": "0"}),  # one graph set, the op in each
-    "hotwire_again": Kind(True),  # hotwire's own B/B control: where its cores are, what it costs
-    "eager": Kind(True, eager=True),
-    "original": Kind(False, original=True),
-    "plugin_free_2": Kind(False),  # the A/A control: the method's own null
-}
-CONTRASTS = ("eager", "original", "plugin_free_2")  # reported beside plugin-free; the target is on the others
+# reported beside plugin-free; the target is on the others
+CONTRASTS = ("eager", "original", "plugin_free_2", "plugin_free_own_compile", "hotwire_unarmed")
 ORIGINAL_POOL = 128  # specs the steered requests draw from when the original runs: 256 slots
 PROBE_TOKENS = 16
 HOST_FIELDS = ("host_us_per_step", "steady_us_per_step", "changed_us_per_step", "core_us_per_step",
                "schedule_us_per_step", "batch_us_per_step", "hotwire_host_share", "heartbeat_cpu_share")
-
-
-def _server(name: str, work: Path, model: Path, engine: dict, steered: str, cpus: list[int] | None,
-            original: dict[str, str] | None) -> Server:
-    kind = SERVERS[name]
-    if kind.original:
-        return Server(name, work, model, engine, plugin=False, vectors=work / "vectors-pt", cpus=cpus, env=original)
-    env = None if kind.env is None else {k: steered if v == STEERED else v for k, v in kind.env.items()}
-    return Server(name, work, model, {**engine, "enforce_eager": True} if kind.eager else engine, plugin=kind.plugin,
-                  vectors=work / "vectors", cpus=cpus, env=env)
 
 
 def _check_original_args(args: argparse.Namespace, names: list[str]) -> None:
@@ -250,8 +222,8 @@ def _probe(servers: list[Server], client: httpx.Client, layers: tuple[int, int],
            prompt_len: int) -> dict:
     """``serving.probe_steering`` on every server that steers (unsteered answers compared with
     plugin-free's where the engine flags are the same: not the eager one)."""
-    steering = [s for s in servers if SERVERS[s.name].plugin or SERVERS[s.name].original]
-    exact = {s.name for s in steering if not SERVERS[s.name].eager}
+    steering = [s for s in servers if KINDS[s.name].plugin or KINDS[s.name].original]
+    exact = {s.name for s in steering if not KINDS[s.name].eager}
     prompt = np.random.default_rng(7).integers(10, vocab - 10, prompt_len).tolist()
     return probe_steering(servers[0], steering, exact, client, prompt, steer_spec(0, layers), PROBE_TOKENS)
 
@@ -493,7 +465,7 @@ def _markdown(rows: list[dict], names: list[str], simultaneous: bool) -> str:
             cpu = ", ".join(f"{p} {v:g}" for p, v in r[f"{n}_cpu_s"].items())
             out.append(f"| {r['concurrency']} | {n} | {r[f'{n}_window_s']:g} | {r[f'{n}_steps']} | "
                        f"{r[f'{n}_step_ms']:.3f} | {cpu} | {r[f'{n}_client_cpu_s']:g} |")
-    hot = [n for n in names if SERVERS[n].plugin]
+    hot = [n for n in names if KINDS[n].plugin]
     if hot:
         out += ["", ("hotwire's host time per engine step (µs, medians over windows): all steps, steady steps, "
                      "steps where requests came or went, per hook (engine core, rank's schedule, rank's batch "
@@ -537,13 +509,13 @@ def main() -> None:
                          "limit: the budget ends them; smoke: 2)")
     ap.add_argument("--window-s", type=float, help="measured window per server and round (default 5; smoke 3)")
     ap.add_argument("--settle-s", type=float, default=2.0, help="load before a window starts (default 2)")
-    ap.add_argument("--servers", nargs="+", choices=list(SERVERS), default=["plugin_free", "hotwire"],
+    ap.add_argument("--servers", nargs="+", choices=list(KINDS), default=["plugin_free", "hotwire"],
                     help=f"servers side by side, at most {MAX_SERVERS} (plugin_free is always one: the ratios "
                          "are on it)")
     ap.add_argument("--simultaneous", action="store_true",
                     help="every server under its own load at the same time, windows over the same seconds "
                          "(default: one server at a time, A B B A)")
-    ap.add_argument("--cores-order", nargs="+", choices=list(SERVERS),
+    ap.add_argument("--cores-order", nargs="+", choices=list(KINDS),
                     help="the servers in the order they take the pinned CPU sets (default: plugin_free, then "
                          "--servers): a run with another order tells whether a ratio follows the server or its cores")
     ap.add_argument("--original-site", type=Path,
@@ -583,7 +555,7 @@ def main() -> None:
     if plan is not None:
         os.sched_setaffinity(0, plan[1])  # this process and the load generator's, which inherit it
     cpus = {n: plan[0][order.index(n)] for n in names} if plan is not None else dict.fromkeys(names)
-    servers = [_server(n, work, model, engine, ",".join(map(str, layers)), cpus[n], original_env) for n in names]
+    servers = [make_server(n, work, model, engine, ",".join(map(str, layers)), cpus[n], original_env) for n in names]
 
     result = {"command": " ".join([Path(sys.executable).name] + sys.argv), "date": time.strftime("%Y-%m-%d %H:%M"),
               "host": platform.node(), "gpu": gpu or "cpu", "torch": version("torch"), "shape": shape_name,
@@ -602,7 +574,7 @@ def main() -> None:
     print(f"work dir (server logs): {work}", flush=True)
     load = LoadSet(servers, clients) if args.simultaneous else Load(clients)  # spawns while the servers start
     pending: dict = {}
-    watches = {s.name: original_plugin.LogWatch(s.log) for s in servers if SERVERS[s.name].original}
+    watches = {s.name: original_plugin.LogWatch(s.log) for s in servers if KINDS[s.name].original}
     client = httpx.Client(timeout=30)
     with running(servers, load, client):
         for s in servers:

@@ -1,0 +1,60 @@
+"""The servers a served benchmark can start by name (``--servers`` of ``serve_throughput.py`` and
+``profile_serve.py``): what each one runs, and the :class:`serving.Server` that runs it.
+
+Most differ from ``hotwire`` in one setting, so that a ratio between two of them measures that
+setting: how many layers are armed, the second set of CUDA graphs, the plugin loaded with nothing
+armed, a compile of its own for a plugin-free server.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import NamedTuple
+
+from serving import Server
+
+
+class Kind(NamedTuple):
+    """What a server runs: hotwire loaded and armed (``plugin``: it steers, keeps a mailbox and
+    publishes counters), ``--enforce-eager``, the original hotwire-vllm instead, and the settings
+    it adds (values :data:`STEERED` and :data:`OWN_DIR` are filled in when the server is made)."""
+
+    plugin: bool
+    eager: bool = False
+    original: bool = False
+    env: dict[str, str] | None = None
+
+
+STEERED = "<steered layers>"  # the layers the benchmark's requests steer, known once the model is built
+OWN_DIR = "<own folder>"  # a folder of the server's own in the run's work folder
+
+KINDS = {
+    "plugin_free": Kind(False),
+    "hotwire": Kind(True),
+    "hotwire_2": Kind(True, env={"HOTWIRE_LAYERS": STEERED}),  # armed only on the steered layers
+    "hotwire_one_graph": Kind(True, env={"HOTWIRE_IDLE_GRAPHS": "0"}),  # one graph set, the op in each
+    "hotwire_again": Kind(True),  # hotwire's own B/B control: where its cores are, what it costs
+    # hotwire loaded with no layer armed: its API-server middleware, its request and config patches,
+    # and nothing that steers (no tables, no op, no routing, no mailbox)
+    "hotwire_unarmed": Kind(False, env={"VLLM_PLUGINS": "hotwire", "HOTWIRE_LAYERS": ""}),
+    "eager": Kind(True, eager=True),
+    "original": Kind(False, original=True),
+    "plugin_free_2": Kind(False),  # the A/A control: the method's own null
+    # plugin-free again, compiled on its own: vLLM's compile cache is keyed on the configuration's
+    # hash, which two plugin-free servers share (and hotwire's salt changes), so this one never reads
+    # artifacts another server compiled
+    "plugin_free_own_compile": Kind(False, env={"VLLM_CACHE_ROOT": OWN_DIR}),
+}
+
+
+def make_server(name: str, work: Path, model: Path, engine: dict, steered: str, cpus: list[int] | None,
+                original: dict[str, str] | None = None) -> Server:
+    """The server of kind ``name`` (``steered``: the steered layers as ``HOTWIRE_LAYERS`` writes
+    them; ``original``: the original's environment, for ``original``)."""
+    kind = KINDS[name]
+    if kind.original:
+        return Server(name, work, model, engine, plugin=False, vectors=work / "vectors-pt", cpus=cpus, env=original)
+    fill = {STEERED: steered, OWN_DIR: str(work / f"{name}-own")}
+    env = None if kind.env is None else {k: fill.get(v, v) for k, v in kind.env.items()}
+    return Server(name, work, model, {**engine, "enforce_eager": True} if kind.eager else engine, plugin=kind.plugin,
+                  vectors=work / "vectors", cpus=cpus, env=env)
