@@ -42,7 +42,9 @@ How:
   ``--skip-tokenizer-init`` (prompts are token ids; vLLM returns token ids without detokenizing,
   which suits a dummy model's arbitrary ids), vLLM's default torch.compile and CUDA graphs. Each
   server is pinned to its own ``SERVER_CORES`` physical cores (in ``--cores-order``, default the order of
-  ``--servers`` with plugin-free first) and the load generator to the rest
+  ``--servers`` with plugin-free first; with ``--rotate-cores N`` every N windows each server's
+  processes move onto the next server's set, so that every server runs on every set: two identical
+  servers differed by 2.5 % on two sets in session 15) and the load generator to the rest
   (``cpu_plan``: one core per process of the sequential load; simultaneous, all servers' load
   processes, ``CLIENTS_PER_CORE`` to a core; skipped when the CPUs are too few, and within
   ``taskset`` when run under it). The servers share one GPU: each gets ``--gpu-memory-utilization
@@ -337,7 +339,8 @@ def _stretch(loads: LoadSet, servers: list[Server], client: httpx.Client, c: int
         for s in servers:
             _check_window(s.name, rows[s.name], args.smoke)
             _check_log(s, watches)
-            result["samples"].append({"concurrency": c, "round": w, "server": s.name, **rows[s.name]})
+            result["samples"].append({"concurrency": c, "round": w, "server": s.name, "cpus": s.cpus,
+                                      **rows[s.name]})
         save()  # partial results survive a time-out
         print(f"C={c} {'warm-up' if w < 0 else f'window {w}'}: {_cells({n: [rows[n]] for n in names}, names)}",
               flush=True)
@@ -346,6 +349,8 @@ def _stretch(loads: LoadSet, servers: list[Server], client: httpx.Client, c: int
         if target + args.window_s > c_end:
             result["stopped_by"][str(c)] = "budget"
             break
+        if args.rotate_cores and w >= 0 and (w + 1) % args.rotate_cores == 0:
+            _rotate(servers)
         target += args.window_s
     sent = loads.stop()
     stretch = {s.name: {"drain_s": round(s.wait_idle(client), 3)} for s in servers}
@@ -360,6 +365,16 @@ def _stretch(loads: LoadSet, servers: list[Server], client: httpx.Client, c: int
                                    "servers": stretch}
     result["phases_s"][f"c{c}_stretch"] = round(time.monotonic() - t0, 1)
     save()
+
+
+def _rotate(servers: list[Server]) -> None:
+    """Each server onto the next one's CPU set (the last onto the first's): over a stretch every
+    server runs on every set for as many windows, so a faster or slower set weighs on none."""
+    sets = [s.cpus for s in servers]
+    if any(c is None for c in sets):
+        return
+    for s, cpus in zip(servers, sets[1:] + sets[:1]):
+        s.pin(cpus)
 
 
 def _cells(rows: dict[str, list[dict]], names: list[str]) -> str:
@@ -518,6 +533,9 @@ def main() -> None:
     ap.add_argument("--cores-order", nargs="+", choices=list(KINDS),
                     help="the servers in the order they take the pinned CPU sets (default: plugin_free, then "
                          "--servers): a run with another order tells whether a ratio follows the server or its cores")
+    ap.add_argument("--rotate-cores", type=int, default=0, metavar="N",
+                    help="--simultaneous: every N windows, move each server onto the next server's pinned CPU "
+                         "set, so that every server runs on every set (default 0: each keeps its own)")
     ap.add_argument("--original-site", type=Path,
                     help=f"folder holding {original_plugin.DIST} {original_plugin.VERSION} (pip install --no-deps "
                          "--target), for --servers original")
@@ -526,6 +544,8 @@ def main() -> None:
     args = ap.parse_args()
     names = ["plugin_free"] + [n for n in dict.fromkeys(args.servers) if n != "plugin_free"]
     _check_servers(names)
+    if args.rotate_cores and not args.simultaneous:
+        raise SystemExit("--rotate-cores moves servers between windows of the simultaneous design: add --simultaneous")
     order = args.cores_order or names
     if sorted(order) != sorted(names):
         raise SystemExit(f"--cores-order {' '.join(order)}: name each server once ({' '.join(names)})")

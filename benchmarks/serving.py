@@ -84,6 +84,24 @@ class Managed:
         except httpx.HTTPError:
             return False
 
+    def pin(self, cpus: list[int]) -> None:
+        """Move every thread of the group's processes onto ``cpus`` (threads started later inherit
+        it from the thread that starts them): the simultaneous design's rotation of core sets."""
+        import psutil
+
+        root = psutil.Process(self.proc.pid)
+        for p in [root, *root.children(recursive=True)]:
+            try:
+                threads = p.threads()
+            except psutil.NoSuchProcess:
+                continue
+            for t in threads:
+                try:
+                    os.sched_setaffinity(t.id, cpus)
+                except (ProcessLookupError, PermissionError):  # a thread that has ended since
+                    continue
+        self.cpus = list(cpus)
+
     def cpu_seconds(self) -> dict[str, float]:
         """CPU seconds (user + system, all threads) each process of the group has used so far, by
         process name (the API server's, ``VLLM::EngineCore``, ...): where a host-bound server's time goes."""

@@ -1,10 +1,12 @@
 """The statistics and window bookkeeping of ``benchmarks/serve_throughput.py``: the moving-block
 bootstrap of the median (``serving.median_ci``), the read order of the simultaneous design's window
-edges (``simultaneous.read_order``) and the pairing of its windows into ratios (``_summary``)."""
+edges (``simultaneous.read_order``), the pairing of its windows into ratios (``_summary``), and the
+move of a server's whole process tree onto another CPU set (``serving.Managed.pin``)."""
 
 import os
 import shutil
 import sys
+import time
 from pathlib import Path
 
 import numpy as np
@@ -13,6 +15,7 @@ import pytest
 sys.path.insert(0, str(Path(__file__).parents[1] / "benchmarks"))
 
 import serve_throughput  # noqa: E402
+import serving  # noqa: E402
 from serving import block_resample, cpu_plan, median_ci  # noqa: E402
 from simultaneous import default_processes, read_order  # noqa: E402
 
@@ -136,3 +139,40 @@ def test_a_starved_smoke_window_has_no_ratio():
     samples = [_sample(4, 0, "plugin_free", 0.0), _sample(4, 0, "hotwire", 100.0)]
     row, = serve_throughput._summary(samples, [4], names)
     assert np.isnan(row["hotwire_over_plugin_free"]) and row["target"] == {"hotwire": "unresolved"}
+
+
+class _Sleeper(serving.Managed):
+    """A process with a child process, each running a second thread: a server's tree in small."""
+
+    def argv(self) -> list[str]:
+        code = ("import subprocess, sys, threading, time; threading.Thread(target=time.sleep, args=(60,), "
+                "daemon=True).start(); sys.argv[1:] and subprocess.Popen([sys.executable, '-c', "
+                "'import threading, time; threading.Thread(target=time.sleep, args=(60,), daemon=True).start(); "
+                "time.sleep(60)']); time.sleep(60)")
+        return [sys.executable, "-c", code, "child"]
+
+
+def _affinities(pid: int) -> list[set[int]]:
+    import psutil
+
+    root = psutil.Process(pid)
+    return [os.sched_getaffinity(t.id) for p in [root, *root.children(recursive=True)] for t in p.threads()]
+
+
+@pytest.mark.skipif(len(os.sched_getaffinity(0)) < 2 or shutil.which("taskset") is None,
+                    reason="needs two CPUs and taskset")
+def test_pin_moves_every_thread_of_every_process_of_a_server(tmp_path):
+    first, second = sorted(os.sched_getaffinity(0))[:2]
+    proc = _Sleeper("sleeper", tmp_path / "sleeper.log", dict(os.environ), [first])
+    proc.start()
+    try:
+        deadline = time.monotonic() + 20
+        while len(_affinities(proc.proc.pid)) < 4 and time.monotonic() < deadline:  # 2 processes x 2 threads
+            time.sleep(0.05)
+        assert len(_affinities(proc.proc.pid)) == 4
+        assert all(a == {first} for a in _affinities(proc.proc.pid))
+        proc.pin([second])
+        assert all(a == {second} for a in _affinities(proc.proc.pid))
+        assert proc.cpus == [second]
+    finally:
+        serving.stop_all([proc])
