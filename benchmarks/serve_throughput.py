@@ -25,8 +25,8 @@ How:
   (its process group is killed on exit), started together and awaited on ``/health`` (a server that
   dies fails the run at once, with its log tail), of the kinds ``server_kinds.py`` names:
   ``plugin_free`` (``VLLM_PLUGINS=none``; checked to create no mailbox), ``plugin_free_2`` (the same
-  flags: the A/A control, reported as a contrast), ``plugin_free_own_compile`` (the same, compiled in a
-  cache of its own: a contrast), ``hotwire`` (the plugin loaded through its entry point, 256 random
+  flags: the A/A control, reported as a contrast), ``plugin_free_own_compile`` (the same, compiled in vLLM,
+  inductor and Triton caches of its own: a contrast), ``hotwire`` (the plugin loaded through its entry point, 256 random
   startup vectors from ``HOTWIRE_VECTORS``, its own ``HOTWIRE_MAILBOX``, every layer armed),
   ``hotwire_2`` (the same, ``HOTWIRE_LAYERS`` = the two steered layers), ``hotwire_one_graph`` (the same
   as ``hotwire`` with ``HOTWIRE_IDLE_GRAPHS=0``: one set of graphs, the op in each), ``hotwire_again``

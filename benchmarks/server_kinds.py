@@ -17,7 +17,7 @@ from serving import Server
 class Kind(NamedTuple):
     """What a server runs: hotwire loaded and armed (``plugin``: it steers, keeps a mailbox and
     publishes counters), ``--enforce-eager``, the original hotwire-vllm instead, and the settings
-    it adds (values :data:`STEERED` and :data:`OWN_DIR` are filled in when the server is made)."""
+    it adds (:data:`STEERED` and :data:`OWN_DIR` in a value are filled in when the server is made)."""
 
     plugin: bool
     eager: bool = False
@@ -40,10 +40,12 @@ KINDS = {
     "eager": Kind(True, eager=True),
     "original": Kind(False, original=True),
     "plugin_free_2": Kind(False),  # the A/A control: the method's own null
-    # plugin-free again, compiled on its own: vLLM's compile cache is keyed on the configuration's
-    # hash, which two plugin-free servers share (and hotwire's salt changes), so this one never reads
-    # artifacts another server compiled
-    "plugin_free_own_compile": Kind(False, env={"VLLM_CACHE_ROOT": OWN_DIR}),
+    # plugin-free again, compiled on its own: vLLM keys its compile cache on the configuration's hash
+    # (which two plugin-free servers share and hotwire's salt changes), inductor and Triton theirs on
+    # the graph and the kernel; with caches of its own this server never reads what another compiled
+    "plugin_free_own_compile": Kind(False, env={"VLLM_CACHE_ROOT": f"{OWN_DIR}/vllm",
+                                                "TORCHINDUCTOR_CACHE_DIR": f"{OWN_DIR}/inductor",
+                                                "TRITON_CACHE_DIR": f"{OWN_DIR}/triton"}),
 }
 
 
@@ -54,7 +56,8 @@ def make_server(name: str, work: Path, model: Path, engine: dict, steered: str, 
     kind = KINDS[name]
     if kind.original:
         return Server(name, work, model, engine, plugin=False, vectors=work / "vectors-pt", cpus=cpus, env=original)
-    fill = {STEERED: steered, OWN_DIR: str(work / f"{name}-own")}
-    env = None if kind.env is None else {k: fill.get(v, v) for k, v in kind.env.items()}
+    own = str(work / f"{name}-own")
+    env = None if kind.env is None else {k: v.replace(STEERED, steered).replace(OWN_DIR, own)
+                                         for k, v in kind.env.items()}
     return Server(name, work, model, {**engine, "enforce_eager": True} if kind.eager else engine, plugin=kind.plugin,
                   vectors=work / "vectors", cpus=cpus, env=env)
