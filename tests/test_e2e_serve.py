@@ -444,8 +444,10 @@ def test_engine_restart_gets_the_catalog_back(rig, prompts):
 
 # 5. Eviction under in-flight load --------------------------------------------------------------
 
-SMALL_ENGINE = {**ENGINE, "max_model_len": 8192}  # room for requests that run for many seconds
-STREAM_N = 8000  # at a few hundred tokens/s, longer than any wait below (2000 ran out once in CI)
+# room for requests that run for minutes: at 100-200 tokens/s each on a busy 2-core CI box, 8000
+# tokens ran out once before the test's last push (2000 had before that)
+SMALL_ENGINE = {**ENGINE, "max_model_len": 32768, "kv_cache_memory_bytes": 512 * 2**20}
+STREAM_N = 30000
 
 
 class Running:
@@ -495,7 +497,8 @@ def small_rig(request, tmp_path_factory):
     from hotwire.tools.tiny_model import build_tiny
 
     tmp = tmp_path_factory.mktemp("e2e-small")
-    model = build_tiny(tmp / "tiny-qwen3-long", hidden=HIDDEN, layers=LAYERS, max_positions=8192)
+    model = build_tiny(tmp / "tiny-qwen3-long", hidden=HIDDEN, layers=LAYERS,
+                       max_positions=SMALL_ENGINE["max_model_len"])
     engine = VllmServer(tmp / "engine", model, SMALL_ENGINE, HOTWIRE_SLOTS="2", **ENGINE_ENV)
     control = _control(tmp, engine)
     try:
@@ -545,6 +548,7 @@ def test_eviction_spares_vectors_of_running_requests_and_their_tokens(small_rig,
         running.append(Running(rig, p2, spec("ev-c")))
         wait_for(lambda: held("ev-c"), 60, "the ev-c request to be in flight")
         catalog = rig.vectors()
+        assert [run.finished for run in running] == [None, None], "a request meant to run ended by itself"
         r = rig.push_json("ev-d", vectors["ev-d"])  # both slots held by running requests
         assert (r.status_code, r.json()["error"]["code"]) == (507, "no_space"), r.text
         assert rig.vectors() == catalog
