@@ -225,7 +225,7 @@ def main() -> None:
                          "plugin loaded with nothing armed)")
     add_common_args(ap)
     args = ap.parse_args()
-    gpu = start_run(args.smoke)
+    gpu = start_run(args.smoke, args.timed_configs)
     args.out.parent.mkdir(parents=True, exist_ok=True)
     pyspy = shutil.which("py-spy")
     if pyspy is None:

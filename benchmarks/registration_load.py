@@ -341,7 +341,7 @@ def main() -> None:
     ap.add_argument("--pool", type=int, default=4, help="pusher's vectors alive at a time (default 4)")
     add_common_args(ap)
     args = ap.parse_args()
-    gpu = start_run(args.smoke)
+    gpu = start_run(args.smoke, args.timed_configs)
     if args.pool < 2:
         raise SystemExit("--pool must be at least 2 (one is replaced while the oldest is deleted)")
     c = args.concurrency or (4 if args.smoke else 64)

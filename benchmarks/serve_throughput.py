@@ -168,7 +168,7 @@ import numpy as np
 import original_plugin
 from hotwire.shared.mailbox import clock_ns
 from hotwire.tools.tiny_model import benchmark_model, steered_layers
-from serving import (SERVER_CORES, Load, Server, add_common_args, check_steering, cpu_plan, engine_args, median,
+from serving import (RULE_CONFIGS, SERVER_CORES, Load, Server, add_common_args, check_steering, cpu_plan, engine_args, median,
                      median_ci, pool_entries, probe_steering, running, snapshot, start_run, startup_vectors,
                      steer_spec, verdict, wait_ready, window_row, write_vectors)
 from server_kinds import KINDS, make_server
@@ -550,7 +550,7 @@ def main() -> None:
     if sorted(order) != sorted(names):
         raise SystemExit(f"--cores-order {' '.join(order)}: name each server once ({' '.join(names)})")
     _check_original_args(args, names)
-    gpu = start_run(args.smoke)
+    gpu = start_run(args.smoke, args.timed_configs)
     concurrency = args.concurrency or ([4, 8] if args.smoke else [64, 256])
     rounds = args.rounds or (2 if args.smoke else sys.maxsize if args.simultaneous else 30)
     args.window_s = args.window_s or (3.0 if args.smoke else 5.0)
@@ -587,7 +587,7 @@ def main() -> None:
               "prompt_len": prompt_len, "max_tokens_range": lengths, "steered_fraction": args.steered_fraction,
               "spec_pool": pool, "original": original, "client_processes": clients,
               "cpus": None if plan is None else {**cpus, "clients": plan[1]},
-              "env": {k: os.environ[k] for k in ("VLLM_USE_V2_MODEL_RUNNER",) if k in os.environ},
+              "env": {k: os.environ[k] for k in ("VLLM_USE_V2_MODEL_RUNNER", RULE_CONFIGS) if k in os.environ},
               "phases_s": {}, "stopped_by": {}, "stretches": {}, "samples": []}
     args.out.parent.mkdir(parents=True, exist_ok=True)
     save = _Save(result, args.out, BLOCK if args.simultaneous else 1)

@@ -330,13 +330,26 @@ def add_common_args(ap: argparse.ArgumentParser, clients_help: str | None = None
                     help=clients_help or "load-generator processes (default 4)")
     ap.add_argument("--steered-fraction", type=float, default=0.5)
     ap.add_argument("--smoke", action="store_true", help="tiny model on CPU: checks the script, numbers mean nothing")
+    ap.add_argument("--timed-configs", action="store_true",
+                    help="let inductor choose reduction configs by timing them at compile (vLLM's default); "
+                         f"without it every server starts with {RULE_CONFIGS}=1 (one config by rule)")
     ap.add_argument("--out", type=Path, required=True)
 
 
-def start_run(smoke: bool) -> str | None:
-    """A SIGTERM runs the callers' ``finally`` (which stops the servers); the GPU's name, or exit
-    when a GPU run finds none."""
+# Inductor times a reduction kernel's candidate configs on the device at its first run and keeps the
+# fastest. Servers compiling at once on one shared GPU time them under each other's load, so each
+# may keep another config: a difference between server instances that no window of the run sees.
+# With this set every server keeps the one config inductor picks by rule, the same in all.
+RULE_CONFIGS = "TORCHINDUCTOR_FORCE_FILTER_REDUCTION_CONFIGS"
+
+
+def start_run(smoke: bool, timed_configs: bool = False) -> str | None:
+    """A SIGTERM runs the callers' ``finally`` (which stops the servers); the servers to be started
+    get :data:`RULE_CONFIGS` unless ``timed_configs``; the GPU's name, or exit when a GPU run finds
+    none."""
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
+    if not timed_configs:
+        os.environ[RULE_CONFIGS] = "1"  # the servers' environment is this process's (Server)
     gpu = None if smoke else gpu_name()
     if not smoke and gpu is None:
         raise SystemExit("no NVIDIA GPU (nvidia-smi): use --smoke to check the script on CPU")

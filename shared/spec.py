@@ -27,6 +27,7 @@ texts that mean the same entries share one parsed copy.
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import json
 import math
@@ -219,7 +220,30 @@ class SteerEntry(BaseModel):
         return form
 
 
-def parse_spec(raw: Any) -> tuple[SteerEntry, ...]:
+class Spec(tuple):
+    """A parsed spec: its entries in the order written (a tuple of :class:`SteerEntry`), with their
+    canonical texts made once and kept with it. The spec cache shares one ``Spec`` between every
+    request that sends the same text, so the prefix-cache salt of each of them (:func:`cache_salt`,
+    on the engine core's input thread, whose GIL the step thread shares) costs a hash, not the
+    JSON again."""
+
+    @functools.cached_property
+    def _rows(self) -> tuple[str, ...]:
+        return tuple(json.dumps(e.canonical(), sort_keys=True, separators=(",", ":")) for e in self)
+
+    @property
+    def form(self) -> str:
+        """The entries' canonical forms in their order: equal texts for equal steering (entries on
+        one layer are summed in the order written, so order counts)."""
+        return "[" + ",".join(self._rows) + "]"
+
+    @functools.cached_property
+    def canonical(self) -> str:
+        """Order-independent: equal steering gives equal text (:func:`canonical_json`)."""
+        return "[" + ",".join(sorted(self._rows)) + "]"
+
+
+def parse_spec(raw: Any) -> Spec:
     """Parse ``extra_args["hotwire"]`` into entries, or raise :class:`SpecError`.
 
     An empty list means "not steered" and parses to ``()``.
@@ -229,7 +253,7 @@ def parse_spec(raw: Any) -> tuple[SteerEntry, ...]:
     return _parse_items(raw)
 
 
-def _parse_text(raw: str | bytes) -> tuple[SteerEntry, ...]:
+def _parse_text(raw: str | bytes) -> Spec:
     """JSON text, the form the OpenAI server forwards: parsed once per distinct text. The entries
     are frozen, so requests share them; refusals are not cached."""
     entries = _cache.get(raw)
@@ -255,11 +279,11 @@ class _SpecCache:
     def __init__(self, budget: int):
         self.budget = budget
         self.size = 0
-        self._texts: OrderedDict[str | bytes, tuple[str, tuple[SteerEntry, ...]]] = OrderedDict()
+        self._texts: OrderedDict[str | bytes, tuple[str, Spec]] = OrderedDict()
         self._forms: dict[str, list] = {}  # canonical form -> [entries, texts using it]
         self._lock = threading.Lock()
 
-    def get(self, raw: str | bytes) -> tuple[SteerEntry, ...] | None:
+    def get(self, raw: str | bytes) -> Spec | None:
         with self._lock:
             hit = self._texts.get(raw)
             if hit is None:
@@ -267,8 +291,8 @@ class _SpecCache:
             self._texts.move_to_end(raw)
             return hit[1]
 
-    def put(self, raw: str | bytes, entries: tuple[SteerEntry, ...]) -> tuple[SteerEntry, ...]:
-        form = json.dumps([e.canonical() for e in entries], sort_keys=True, separators=(",", ":"))
+    def put(self, raw: str | bytes, entries: Spec) -> Spec:
+        form = entries.form
         cost = sys.getsizeof(raw) + _SLOT_BYTES
         with self._lock:
             if raw in self._texts:
@@ -297,7 +321,7 @@ class _SpecCache:
 _cache = _SpecCache(SPEC_CACHE_BYTES)
 
 
-def _parse_items(raw: Any) -> tuple[SteerEntry, ...]:
+def _parse_items(raw: Any) -> Spec:
     items = raw if isinstance(raw, list) else [raw]
     if len(items) > MAX_ENTRIES:
         raise SpecError("too_many_entries", f"{len(items)} entries, at most {MAX_ENTRIES}")
@@ -315,7 +339,7 @@ def _parse_items(raw: Any) -> tuple[SteerEntry, ...]:
             loc = ".".join(str(p) for p in first["loc"]) or "entry"
             reason = "bad_params" if first["type"] == "bad_params" else "malformed"
             raise SpecError(reason, f"{loc}: {first['msg']}") from None
-    return tuple(entries)
+    return Spec(entries)
 
 
 def spec_text(entries: Any) -> str:
@@ -334,8 +358,7 @@ def spec_from_extra_args(extra_args: dict[str, Any] | None) -> Any:
 
 def canonical_json(entries: tuple[SteerEntry, ...]) -> str:
     """Order-independent JSON form of a spec: equal steering gives equal text."""
-    rows = sorted((e.canonical() for e in entries), key=lambda r: json.dumps(r, sort_keys=True))
-    return json.dumps(rows, sort_keys=True, separators=(",", ":"))
+    return (entries if isinstance(entries, Spec) else Spec(entries)).canonical
 
 
 def cache_salt(entries: tuple[SteerEntry, ...], versions: dict[str, str] | None = None,
