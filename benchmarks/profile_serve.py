@@ -52,7 +52,7 @@ import psutil
 from hotwire.tools.tiny_model import benchmark_model, steered_layers
 from serving import (SERVER_CORES, Load, Server, add_common_args, cpu_plan, engine_args, running, start_run,
                      wait_ready, write_vectors)
-from server_kinds import KINDS, make_server
+from server_kinds import KINDS, load_of, make_server
 from simultaneous import CLIENTS_PER_CORE, LoadSet, default_processes
 
 # A sample is hotwire's when the innermost frame of hotwire's or vLLM's own code in its stack is
@@ -264,7 +264,7 @@ def main() -> None:
             load.stop()
         else:
             for s in servers:
-                load.start(s.url, args.concurrency, make, time.time() + busy_s + 120)
+                load.start(s.url, args.concurrency, load_of(s.name, make), time.time() + busy_s + 120)
                 load.wait(time.monotonic() + args.settle_s)
                 result["servers"].update(_profile([s], client, pyspy, args))
                 load.stop()

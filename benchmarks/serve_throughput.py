@@ -32,7 +32,8 @@ How:
   as ``hotwire`` with ``HOTWIRE_IDLE_GRAPHS=0``: one set of graphs, the op in each), ``hotwire_again``
   (``hotwire`` once more: with ``--cores-order`` it tells a cost that follows hotwire from one that
   follows the cores), ``hotwire_unarmed`` (hotwire loaded with ``HOTWIRE_LAYERS`` empty: what it costs
-  with nothing to steer; a contrast), ``eager`` (hotwire with ``--enforce-eager``) and ``original``
+  with nothing to steer; a contrast), ``hotwire_unsteered`` (``hotwire``, sent the same requests
+  without their specs: what the plugin costs while nobody steers; a contrast), ``eager`` (hotwire with ``--enforce-eager``) and ``original``
   (hotwire-vllm 0.1.2 installed in ``--original-site``, run alone: ``original_plugin.py`` says why that
   takes more than ``PYTHONPATH``, and checks with vLLM's own plugin loader that it loads exactly that
   plugin; the startup vectors as ``.pt`` files, ``HOTWIRE_SLOTS`` = the distinct entries of the spec
@@ -171,7 +172,7 @@ from hotwire.tools.tiny_model import benchmark_model, steered_layers
 from serving import (RULE_CONFIGS, SERVER_CORES, Load, Server, add_common_args, check_steering, cpu_plan, engine_args, median,
                      median_ci, pool_entries, probe_steering, running, snapshot, start_run, startup_vectors,
                      steer_spec, verdict, wait_ready, window_row, write_vectors)
-from server_kinds import KINDS, make_server
+from server_kinds import KINDS, load_of, make_server
 from simultaneous import CLIENTS_PER_CORE, LoadSet, default_processes, edge, windows
 
 TARGET = 0.99
@@ -184,7 +185,7 @@ MAX_SERVERS = int(1 / GPU_MEMORY_UTILIZATION)  # that many share the GPU
 
 
 # reported beside plugin-free; the target is on the others
-CONTRASTS = ("eager", "original", "plugin_free_2", "plugin_free_own_compile", "hotwire_unarmed")
+CONTRASTS = ("eager", "original", "plugin_free_2", "plugin_free_own_compile", "hotwire_unarmed", "hotwire_unsteered")
 ORIGINAL_POOL = 128  # specs the steered requests draw from when the original runs: 256 slots
 PROBE_TOKENS = 16
 HOST_FIELDS = ("host_us_per_step", "steady_us_per_step", "changed_us_per_step", "core_us_per_step",
@@ -244,7 +245,7 @@ def _window(load: Load, server: Server, client: httpx.Client, concurrency: int, 
     log is read once the server is idle."""
     before = _check_pending(server, pending) if server.plugin else None
     deadline = time.time() + args.settle_s + args.window_s + 120  # the processes' own stop, should this one hang
-    load.start(server.url, concurrency, make, deadline)
+    load.start(server.url, concurrency, load_of(server.name, make), deadline)
     load.wait(time.monotonic() + args.settle_s)
     a = snapshot(server, client)
     load.wait(a["metrics"]["t"] + args.window_s)

@@ -3,7 +3,7 @@
 
 Most differ from ``hotwire`` in one setting, so that a ratio between two of them measures that
 setting: how many layers are armed, the second set of CUDA graphs, the plugin loaded with nothing
-armed, a compile of its own for a plugin-free server.
+armed, a load that steers nothing, a compile of its own for a plugin-free server.
 """
 
 from __future__ import annotations
@@ -23,6 +23,7 @@ class Kind(NamedTuple):
     eager: bool = False
     original: bool = False
     env: dict[str, str] | None = None
+    steers: bool = True  # its load carries the run's specs (False: the same requests, none steered)
 
 
 STEERED = "<steered layers>"  # the layers the benchmark's requests steer, known once the model is built
@@ -34,6 +35,8 @@ KINDS = {
     "hotwire_2": Kind(True, env={"HOTWIRE_LAYERS": STEERED}),  # armed only on the steered layers
     "hotwire_one_graph": Kind(True, env={"HOTWIRE_IDLE_GRAPHS": "0"}),  # one graph set, the op in each
     "hotwire_again": Kind(True),  # hotwire's own B/B control: where its cores are, what it costs
+    # hotwire as it is, sent the same requests with no spec: what the plugin costs while nobody steers
+    "hotwire_unsteered": Kind(True, steers=False),
     # hotwire loaded with no layer armed: its API-server middleware, its request and config patches,
     # and nothing that steers (no tables, no op, no routing, no mailbox)
     "hotwire_unarmed": Kind(False, env={"VLLM_PLUGINS": "hotwire", "HOTWIRE_LAYERS": ""}),
@@ -47,6 +50,12 @@ KINDS = {
                                                 "TORCHINDUCTOR_CACHE_DIR": f"{OWN_DIR}/inductor",
                                                 "TRITON_CACHE_DIR": f"{OWN_DIR}/triton"}),
 }
+
+
+def load_of(name: str, make: dict) -> dict:
+    """The load-generator arguments (``serving.bodies``) for server ``name``: the run's, without specs
+    for a kind that does not steer."""
+    return make if KINDS[name].steers else {**make, "fraction": 0.0}
 
 
 def make_server(name: str, work: Path, model: Path, engine: dict, steered: str, cpus: list[int] | None,

@@ -19,6 +19,7 @@ import time
 
 import httpx
 
+from server_kinds import load_of
 from serving import Load, Server, snapshot, window_row
 
 IN_FLIGHT_PER_CLIENT = 128  # default requests in flight per load-generator process (Load: one tops out)
@@ -46,9 +47,10 @@ class LoadSet:
         self.loads = {s.name: Load(processes) for s in servers}
 
     def start(self, concurrency: int, make: dict, deadline: float, processes: int) -> None:
-        """Every server's closed loop of ``concurrency`` requests, the same request sequence (``make``)."""
+        """Every server's closed loop of ``concurrency`` requests, the same request sequence (``make``;
+        a server whose kind does not steer gets it without specs)."""
         for s in self.servers:
-            self.loads[s.name].start(s.url, concurrency, make, deadline, processes)
+            self.loads[s.name].start(s.url, concurrency, load_of(s.name, make), deadline, processes)
 
     def wait(self, until: float) -> None:
         """Sleep until ``until`` (monotonic), failing at once when any load-generator process failed."""
