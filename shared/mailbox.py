@@ -541,6 +541,7 @@ class EngineMailbox(_Mailbox):
         self._epoch = self.epoch  # this engine made the file: its epoch never changes
         self._counters = np.zeros(HEADER["counters"].shape, dtype="<u8")
         self._torn: dict[int, tuple[int, float]] = {}  # slot -> (odd seq, first seen)
+        self._retiring: set[int] = set()  # slots acked RETIRING: :attr:`retiring`, asked every period
 
     @classmethod
     def create(cls, path: str, fp: Fingerprint, n_slots: int, group: int | None = None) -> "EngineMailbox":
@@ -584,6 +585,7 @@ class EngineMailbox(_Mailbox):
         entry["flags"], entry["vector_id"] = FLAG_PINNED | FLAG_STARTUP, vector_id.encode()
         self._write_entry(slot, entry, row)
         self._engine["applied_seq"][slot], self._engine["state"][slot] = self._read_seq(slot), ACTIVE
+        self._retiring.discard(slot)
         self._ids[slot] = vector_id
         self._write_engine(slot, slot + 1)
 
@@ -641,7 +643,9 @@ class EngineMailbox(_Mailbox):
 
     def ack(self, entry: SlotEntry) -> None:
         """The engine applied ``entry``; a rejected one is acknowledged as holding nothing."""
-        self._engine["state"][entry.slot] = FREE if entry.problem else entry.state
+        state = FREE if entry.problem else entry.state
+        self._engine["state"][entry.slot] = state
+        (self._retiring.add if state == RETIRING else self._retiring.discard)(entry.slot)
         self._engine["applied_seq"][entry.slot] = entry.seq
         self._ids[entry.slot] = entry.vector_id
         self._write_engine(entry.slot, entry.slot + 1)
@@ -649,7 +653,7 @@ class EngineMailbox(_Mailbox):
     @property
     def retiring(self) -> bool:
         """Is a slot acked as retiring (the control API waits for its references to reach 0)?"""
-        return bool((self._engine["state"] == RETIRING).any())
+        return bool(self._retiring)
 
     def versions(self) -> dict[str, str]:
         """``{vector id: version}`` of every slot acked ACTIVE: where and when this mailbox got the
