@@ -645,7 +645,10 @@ class EngineMailbox(_Mailbox):
         """The engine applied ``entry``; a rejected one is acknowledged as holding nothing."""
         state = FREE if entry.problem else entry.state
         self._engine["state"][entry.slot] = state
-        (self._retiring.add if state == RETIRING else self._retiring.discard)(entry.slot)
+        if state == RETIRING:
+            self._retiring.add(entry.slot)
+        else:
+            self._retiring.discard(entry.slot)
         self._engine["applied_seq"][entry.slot] = entry.seq
         self._ids[entry.slot] = entry.vector_id
         self._write_engine(entry.slot, entry.slot + 1)

@@ -51,6 +51,19 @@ def test_retirement_is_acked_only_with_current_refs(rig):
     assert control.reusable(0)
 
 
+def test_a_waiting_retirement_gets_the_references_without_waiting_for_a_heartbeat(rig):
+    """While a slot is acked retiring, every period writes references a step changed: the
+    control API reuses the slot within a period of its last request leaving, not a heartbeat."""
+    control = rig.control
+    control.write(0, "v", ANY_LAYER, np.ones(H, np.float32), gen=1)
+    rig.step(new=[("r", _spec({"id": "v", "layer": 1}), 3)])
+    control.retire(0)
+    rig.idle()
+    rig.step(finished=["r"])
+    rig.core.poll()  # a period without the heartbeat
+    assert control.reusable(0)
+
+
 def test_a_slot_reused_at_once_is_rebound_with_the_next_step(rig):
     """Retired, acked with no reference, rewritten before any step ran: the rank sees only the
     new vector, and its row, at the next step."""
