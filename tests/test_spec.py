@@ -156,6 +156,23 @@ def test_a_spec_text_over_the_size_cap_is_refused():
         assert err.value.reason == "too_large"
 
 
+def test_the_spec_cache_counts_what_many_entries_hold():
+    """Short specs of many entries, each with its prefix-cache salt made (so its canonical texts
+    are kept): the parsed entries, not the texts, are what the budget must count here."""
+    gc.collect()
+    tracemalloc.start()
+    try:
+        before = tracemalloc.get_traced_memory()[0]
+        for i in range(1500):
+            entries = [{"id": f"e{i}-{j}", "layer": j % 7, "scale": i + j / 8} for j in range(MAX_ENTRIES)]
+            parse_spec(json.dumps(entries)).canonical
+        gc.collect()
+        retained = tracemalloc.get_traced_memory()[0] - before
+    finally:
+        tracemalloc.stop()
+    assert retained < SPEC_CACHE_BYTES * 1.15, f"{retained / 2**20:.2f} MiB retained"
+
+
 def test_texts_spelling_the_same_spec_share_one_parsed_copy():
     text = '[{"id": "shared", "layer": 2, "scale": 0.5}]'
     first = parse_spec(text)
