@@ -6,9 +6,10 @@ hotwire's server beside a plugin-free one under the same closed-loop load, shows
 step pays for: the hooks, the op's dispatch and launch in steps run without a CUDA graph, and
 what vLLM itself does more or less often.
 
-How: servers and load as in ``serve_throughput.py`` (``serving.py``; ``--against``: the server beside
-plugin-free, of a kind ``server_kinds.py`` names, default ``hotwire``), one server under load at a
-time (``--simultaneous``: both at once, each under its own load, profiled over the same seconds, as
+How: servers and load as in ``serve_throughput.py`` (``serving.py``; ``--servers``: kinds
+``server_kinds.py`` names, the first the base the others are compared with, default plugin-free
+then hotwire; ``hotwire_unsteered hotwire`` says what steering adds), one server under load at a
+time (``--simultaneous``: all at once, each under its own load, profiled over the same seconds, as
 ``serve_throughput.py --simultaneous`` measures them): C requests in flight, ``--settle-s``, then
 ``py-spy record --nonblocking --threads --format raw --idle`` on the server's ``VLLM::EngineCore``
 process (``--idle``: a thread waiting for the GIL or a lock is sampled where it waits, so the step
@@ -16,14 +17,18 @@ thread's samples cover its whole time) for ``--seconds`` at ``--rate`` Hz, with 
 count read from ``/metrics`` around it; with ``--gil-seconds``, then that long more under the same
 load with ``--gil`` instead of ``--idle`` (only the thread holding the GIL is sampled), summarised
 as the GIL's samples per engine step by thread: who the engine core's one interpreter lock goes to.
+Over the wall window each server's CPU time is read too (``cpu``): its API server's and engine
+core's CPU seconds per second, and the engine core's busiest threads by OS name, in CPU µs per
+engine step (an API server near 1.0 is saturated; a thread's extra µs per step is where a longer
+step's work went, whether or not it is Python).
 Summary per server, for the busiest thread (the step thread): its samples, engine steps, samples
 per step, and its samples by owner: a sample is hotwire's when the innermost frame of hotwire's or
 vLLM's code in it is hotwire's (then filed by hotwire's module: the op, routing, admission, the
 hooks, the core's sync, the salt), and vLLM's samples by group (the compiled model, the scheduler,
 output processing, ...). The raw stacks are written beside the JSON (``<out>.<server>.txt``, one
 stack and its count per line) for a flame graph (``flamegraph.pl``, speedscope), and the report
-ends with the innermost frames whose samples per step differ most between the two servers
-(``leaves_differing``): where a longer step spends its extra time.
+ends with the innermost frames whose samples per step differ most between each server and the
+base (``leaves_differing``): where a longer step spends its extra time.
 
     python benchmarks/profile_serve.py --shape qwen3-0.6b --concurrency 256 --out /tmp/profile.json
 
@@ -157,6 +162,44 @@ def summarize(raw: Path, steps: int) -> dict:
             "leaves_per_step": {f: round(n / per_step, 4) for f, n in leaves.most_common(LEAVES)}}
 
 
+def _cpu_seconds(server: Server) -> dict:
+    """CPU seconds so far of the server's API server and engine core, and of each engine-core
+    thread by OS id: ``{"api_server": s, "engine_core": s, "threads": {tid: (name, s)}}``."""
+    api, core = psutil.Process(server.proc.pid), engine_core(server)
+    threads = {}
+    for t in core.threads():
+        try:
+            name = Path(f"/proc/{core.pid}/task/{t.id}/comm").read_text().strip()
+        except OSError:
+            continue  # ended meanwhile
+        threads[t.id] = (name, t.user_time + t.system_time)
+    return {"api_server": sum(api.cpu_times()[:2]), "engine_core": sum(core.cpu_times()[:2]), "threads": threads}
+
+
+def python_threads(raw: Path) -> dict[int, str]:
+    """``{OS thread id: Python thread name}`` from py-spy's labels (``thread (1220): MainThread``):
+    the OS names of a vLLM process's threads are all its own."""
+    names = {}
+    for thread, _, _ in _stacks(raw):
+        m = re.match(r"thread \((\d+)\): (.*)", thread)
+        if m:
+            names[int(m.group(1))] = m.group(2)
+    return names
+
+
+def cpu_use(a: dict, b: dict, wall: float, steps: int, names: dict[int, str]) -> dict:
+    """Between two :func:`_cpu_seconds`: CPU seconds per second of each process, and the engine
+    core's threads (the six busiest) in CPU µs per engine step, named by ``names`` where the
+    thread runs Python (:func:`python_threads`), else by the OS."""
+    per_step = max(steps, 1)
+    threads = sorted(((b_s - a["threads"][tid][1], names.get(tid, name), tid)
+                      for tid, (name, b_s) in b["threads"].items() if tid in a["threads"]), reverse=True)[:6]
+    return {"api_server_cpu_per_s": round((b["api_server"] - a["api_server"]) / wall, 3),
+            "engine_core_cpu_per_s": round((b["engine_core"] - a["engine_core"]) / wall, 3),
+            "engine_core_threads_us_per_step": [{"name": name, "tid": tid, "us": round(1e6 * d / per_step, 1)}
+                                                for d, name, tid in threads]}
+
+
 def _profile(servers: list[Server], client: httpx.Client, pyspy: str, args: argparse.Namespace) -> dict[str, dict]:
     """py-spy on the engine cores of ``servers`` over the same seconds (their loads running), then
     with ``--gil-seconds`` once more sampling the GIL's holder; each server's summary."""
@@ -165,27 +208,63 @@ def _profile(servers: list[Server], client: httpx.Client, pyspy: str, args: argp
             list(pool.map(lambda s: record(pyspy, engine_core(s).pid, seconds, args.rate,
                                            args.out.with_suffix(f".{s.name}{suffix}"), gil=gil), servers))
 
-    before = {s.name: s.metrics(client) for s in servers}
+    before = {s.name: (s.metrics(client), _cpu_seconds(s)) for s in servers}
     all_at_once(args.seconds, ".txt", False)
-    after = {s.name: s.metrics(client) for s in servers}
+    after = {s.name: (s.metrics(client), _cpu_seconds(s)) for s in servers}
     if args.gil_seconds > 0:
         all_at_once(args.gil_seconds, ".gil.txt", True)
         end = {s.name: s.metrics(client) for s in servers}
     out = {}
     for s in servers:
-        a, b = before[s.name], after[s.name]
+        (a, cpu_a), (b, cpu_b) = before[s.name], after[s.name]
         wall = b["t"] - a["t"]
         summary = summarize(args.out.with_suffix(f".{s.name}.txt"), int(b["steps"] - a["steps"]))
         summary["tokens_per_s"] = round((b["generation_tokens"] - a["generation_tokens"]) / wall, 1)
         summary["step_ms"] = round(1000 * wall / max(summary["steps"], 1), 3)
+        summary["cpu"] = cpu_use(cpu_a, cpu_b, wall, summary["steps"],
+                                 python_threads(args.out.with_suffix(f".{s.name}.txt")))
         if args.gil_seconds > 0:
             summary["gil"] = summarize_gil(args.out.with_suffix(f".{s.name}.gil.txt"),
                                            int(end[s.name]["steps"] - b["steps"]), args.gil_seconds, args.rate)
         hot = summary["groups"].get("hotwire", {"share": 0.0})
+        cpu = summary["cpu"]
         print(f"{s.name}: {summary['tokens_per_s']:.0f} tok/s, {summary['step_ms']:.2f} ms/step, "
-              f"{summary['samples_per_step']:.2f} samples/step; hotwire {hot['share']:.1%}", flush=True)
+              f"{summary['samples_per_step']:.2f} samples/step; hotwire {hot['share']:.1%}; CPU/s: API server "
+              f"{cpu['api_server_cpu_per_s']:.2f}, engine core {cpu['engine_core_cpu_per_s']:.2f}", flush=True)
         out[s.name] = summary
     return out
+
+
+def compare(base: str, name: str, result: dict, rate: int) -> None:
+    """Server ``name`` against ``base`` in ``result``: samples per step by group, the innermost
+    frames that differ most, CPU per step by thread, and the GIL's holders; printed and kept."""
+    free, hot = result["servers"][base], result["servers"][name]
+
+    def per_step(side: dict, group: str) -> float:
+        return side["groups"].get(group, {}).get("per_step", 0.0)
+
+    groups = {g: [per_step(free, g), per_step(hot, g)] for g in sorted(set(free["groups"]) | set(hot["groups"]))}
+    leaves = set(free["leaves_per_step"]) | set(hot["leaves_per_step"])
+    differ = sorted(((hot["leaves_per_step"].get(f, 0.0) - free["leaves_per_step"].get(f, 0.0), f) for f in leaves),
+                    key=lambda d: -abs(d[0]))[:20]
+    result["compared"][name] = {"per_step": groups,
+                                "leaves_differing": [{"frame": f, "per_step_difference": round(d, 4)} for d, f in differ]}
+    print(f"\nsamples per engine step at {rate} Hz, {base} / {name} / difference "
+          f"(all: {free['samples_per_step']:.3f} / {hot['samples_per_step']:.3f}):")
+    for group, (a, b) in groups.items():
+        print(f"  {group:22s} {a:8.3f} {b:8.3f} {b - a:+8.3f}")
+    print(f"\ninnermost frames whose samples per step differ most ({name} - {base}):")
+    for d, f in differ:
+        print(f"  {d:+8.3f}  {f[:150]}")
+    print(f"\nengine-core threads, CPU µs per step ({base} | {name}):")
+    for side in (free, hot):
+        print("  " + ", ".join(f"{t['name']} {t['us']:.0f}" for t in side["cpu"]["engine_core_threads_us_per_step"]))
+    if "gil" in free and "gil" in hot:
+        print(f"\nGIL held, samples per engine step by thread, {base} / {name} "
+              f"(held at all: {free['gil']['held_share']:.1%} / {hot['gil']['held_share']:.1%} of samples):")
+        for thread in sorted(set(free["gil"]["threads"]) | set(hot["gil"]["threads"])):
+            a, b = (side["gil"]["threads"].get(thread, {}).get("per_step", 0.0) for side in (free, hot))
+            print(f"  {thread:40s} {a:8.3f} {b:8.3f} {b - a:+8.3f}")
 
 
 def _thread_name(label: str) -> str:
@@ -219,10 +298,10 @@ def main() -> None:
     ap.add_argument("--gil-seconds", type=float, default=0.0,
                     help="then, under the same load, this long sampling only the thread that holds the GIL "
                          "(default 0: not)")
-    beside = [k for k, kind in KINDS.items() if k != "plugin_free" and not kind.original and not kind.eager]
-    ap.add_argument("--against", choices=beside, default="hotwire",
-                    help="the server profiled beside plugin-free (default hotwire; e.g. hotwire_unarmed: the "
-                         "plugin loaded with nothing armed)")
+    profiled = [k for k, kind in KINDS.items() if not kind.original and not kind.eager]
+    ap.add_argument("--servers", nargs="+", choices=profiled, default=["plugin_free", "hotwire"],
+                    help="the servers profiled, the first the base each other is compared with (default: "
+                         "plugin_free hotwire; e.g. hotwire_unsteered hotwire: what steering adds)")
     add_common_args(ap)
     args = ap.parse_args()
     gpu = start_run(args.smoke, args.timed_configs)
@@ -230,6 +309,8 @@ def main() -> None:
     pyspy = shutil.which("py-spy")
     if pyspy is None:
         raise SystemExit("no py-spy on PATH (pip install py-spy)")
+    if len(args.servers) < 2 or len(set(args.servers)) != len(args.servers):
+        raise SystemExit(f"--servers: two or more kinds, each once (got {' '.join(args.servers)})")
     prompt_len, max_tokens = (16, 8) if args.smoke else (128, 128)
     work = Path(tempfile.mkdtemp(prefix="hotwire-profile-"))
     model, shape_name = benchmark_model(work, args.shape, args.smoke)
@@ -237,13 +318,13 @@ def main() -> None:
     write_vectors(work / "vectors", shape["hidden_size"])
     engine = engine_args(shape, args.smoke, args.concurrency, prompt_len, max_tokens, GPU_MEMORY_UTILIZATION)
     processes = default_processes(args.concurrency) if args.simultaneous else args.client_processes
-    clients, per_core = (2 * processes, CLIENTS_PER_CORE) if args.simultaneous else (processes, 1)
-    plan = None if args.smoke else cpu_plan([SERVER_CORES] * 2, clients, per_core)
+    clients, per_core = (len(args.servers) * processes, CLIENTS_PER_CORE) if args.simultaneous else (processes, 1)
+    plan = None if args.smoke else cpu_plan([SERVER_CORES] * len(args.servers), clients, per_core)
     if plan is not None:
         os.sched_setaffinity(0, plan[1])
     layers = steered_layers(shape["num_hidden_layers"])
     servers = [make_server(name, work, model, engine, ",".join(map(str, layers)), plan and plan[0][i])
-               for i, name in enumerate(("plugin_free", args.against))]
+               for i, name in enumerate(args.servers)]
     make = dict(vocab=shape["vocab_size"], layers=layers, fraction=args.steered_fraction, prompt_len=prompt_len,
                 max_tokens=(max_tokens // 2, max_tokens + max_tokens // 2), seed=7)
     result = {"command": " ".join([Path(sys.executable).name] + sys.argv), "date": time.strftime("%Y-%m-%d %H:%M"),
@@ -269,32 +350,10 @@ def main() -> None:
                 result["servers"].update(_profile([s], client, pyspy, args))
                 load.stop()
                 s.wait_idle(client)
-    result["against"] = args.against
-    free, hot = result["servers"]["plugin_free"], result["servers"][args.against]
-    names = sorted(set(free["groups"]) | set(hot["groups"]))
-
-    def per_step(side: dict, name: str) -> float:
-        return side["groups"].get(name, {}).get("per_step", 0.0)
-
-    result["per_step"] = {name: [per_step(free, name), per_step(hot, name)] for name in names}
-    print(f"\nsamples per engine step at {args.rate} Hz, plugin-free / {args.against} / difference "
-          f"(all: {free['samples_per_step']:.3f} / {hot['samples_per_step']:.3f}):")
-    for name, (a, b) in result["per_step"].items():
-        print(f"  {name:22s} {a:8.3f} {b:8.3f} {b - a:+8.3f}")
-    leaves = set(free["leaves_per_step"]) | set(hot["leaves_per_step"])
-    differ = sorted(((hot["leaves_per_step"].get(f, 0.0) - free["leaves_per_step"].get(f, 0.0), f) for f in leaves),
-                    key=lambda d: -abs(d[0]))[:20]
-    result["leaves_differing"] = [{"frame": f, "per_step_difference": round(d, 4)} for d, f in differ]
+    result["base"], result["compared"] = args.servers[0], {}
+    for name in args.servers[1:]:
+        compare(args.servers[0], name, result, args.rate)
     args.out.write_text(json.dumps(result, indent=1))
-    print(f"\ninnermost frames whose samples per step differ most ({args.against} - plugin-free):")
-    for d, f in differ:
-        print(f"  {d:+8.3f}  {f[:150]}")
-    if "gil" in free and "gil" in hot:
-        print(f"\nGIL held, samples per engine step by thread, plugin-free / {args.against} "
-              f"(held at all: {free['gil']['held_share']:.1%} / {hot['gil']['held_share']:.1%} of samples):")
-        for name in sorted(set(free["gil"]["threads"]) | set(hot["gil"]["threads"])):
-            a, b = (side["gil"]["threads"].get(name, {}).get("per_step", 0.0) for side in (free, hot))
-            print(f"  {name:40s} {a:8.3f} {b:8.3f} {b - a:+8.3f}")
 
 
 if __name__ == "__main__":
