@@ -83,8 +83,8 @@ class Steerer:
                      "set HOTWIRE_LAYERS to the layers you steer to pay only for those", steps)
         counters = process_counters()
         router = Router(armed_model, GateReport(tables.gate_counts, counters), depth=_steps_in_flight(vllm_config) + 1)
-        if not router.in_place:
-            log.info("hotwire: no unified addressing for pinned memory here: routing uploads are copies")
+        if router.tables.route.is_cuda and not router.direct:
+            log.info("hotwire: routing uploads are torch copies here (each lets the GIL go), not driver copies")
         return cls(router, tables, counters)
 
     # -- per step -------------------------------------------------------------------------------

@@ -3,13 +3,13 @@
 Per request, on arrival only: the engine core's :class:`.admission.Admission` resolved the spec
 to bank slots (:mod:`.step_decision`), and this rank writes one request row ``[A, K, 8]`` of its
 route table for the layers it holds.
-Per step: one vectorised ``np.repeat`` of request rows over the step's token counts; when it or
-the rows changed, one gather of the rows into the per-token table the op reads (decode steps of
-a steady batch reuse it: positions, not the map, move the token windows), and the set of layers
-the step's requests have entries on, for the op to skip the rest (:class:`.steer_op.StepState`).
-Uploads go through :class:`.staging.HostRing` buffers the device reads in place, through views made
-once, so a step in which requests arrive costs two torch calls (write the rows, gather them) and one
-in which the batch only changed costs one, slicing included.
+Per step: one vectorised ``np.repeat`` of request rows over the step's token counts; when that
+token map changed, one upload of it into ``tok_row``, through which the op reads each token's
+entries (decode steps of a steady batch reuse it: positions, not the map, move the token
+windows), and the set of layers the step's requests have entries on, for the op to skip the rest
+(:class:`.steer_op.StepState`). Uploads go through :class:`.staging.HostRing` buffers: on CUDA
+driver copies that keep the GIL, so routing makes no torch call at all (one copy per arriving
+request's row, one for a changed token map).
 """
 
 from __future__ import annotations
@@ -24,7 +24,7 @@ import torch
 from .admission import Admitted, Term
 from .gate_report import GateReport
 from .interventions import PROBE
-from .staging import HostRing
+from .staging import DeviceWords, HostRing
 from .steering import ArmedModel
 
 log = logging.getLogger("vllm.hotwire")
@@ -40,13 +40,13 @@ class Router:
         rows, shape = self.tables.route.shape[0], self.tables.route.shape[1:]  # R+1, [A, K, 8]
         self._row_words = int(np.prod(shape))
         device = self.tables.route.device
-        self._rows_ring = HostRing(rows * (1 + self._row_words), depth, device)  # [row numbers | rows]
+        self._rows_ring = HostRing(rows * self._row_words, depth, device)  # [m, A, K, 8] rows to write
         self._tok_ring = HostRing(self.tables.tok_row.shape[0], depth, device)  # [N] each token's row
+        self._route_words, self._tok_words = DeviceWords(self.tables.route), DeviceWords(self.tables.tok_row)
         self.active: dict[str, Admitted] = {}  # the steered requests in flight, as the engine core admitted them
         self._ids: list[str] = []  # the last step's batch, to skip unchanged decode steps
         self._counts = np.zeros(0, dtype=np.int32)
         self._dirty = False  # a request arrived or left since the last route()
-        self._rows_written = False  # commit() changed request rows since the last per-token copy
         self._row_of: dict[str, int] = {}  # request row of each steered request, looked up per step
         # request row -> its entries [(pos, k, words)], admitted since the last commit (a row reused
         # before the commit holds its latest request's)
@@ -54,11 +54,10 @@ class Router:
         self._tok = np.zeros(0, dtype=np.int32)  # tok_row content on the device, up to its length
         # [R+1, A]: the armed layers (table positions) each request row has an entry on, on this rank
         self._row_layers = np.zeros(self.tables.route.shape[:2], dtype=bool)
-        self._row_gated = np.zeros(rows, dtype=bool)  # [R+1]: the request row has gates (the op reads tok_row)
 
     @property
-    def in_place(self) -> bool:
-        """Does the device read the uploads where the host wrote them (no copy call)?"""
+    def direct(self) -> bool:
+        """Are the uploads driver copies that keep the GIL (no torch call on the step thread)?"""
         return self._rows_ring.direct and self._tok_ring.direct
 
     @property
@@ -80,7 +79,6 @@ class Router:
         self._row_of[req_id] = admitted.row
         self._row_layers[admitted.row] = False
         self._row_layers[admitted.row, [pos for pos, _, _ in entries]] = True
-        self._row_gated[admitted.row] = admitted.gates > 0
         self._staged[admitted.row] = entries
         self._dirty = True
 
@@ -112,25 +110,21 @@ class Router:
         if self.report is not None:
             self.report.finish(req_id, admitted.row, admitted.gates)
 
-    @torch.inference_mode()
     def commit(self) -> None:
         """Write the rows of requests admitted since the last commit (:meth:`route` does, before
-        it gathers): their row numbers and contents filled into one host buffer, then one
-        ``index_put_`` that reads it."""
+        it uploads the token map): their contents filled into one host buffer, then one copy per
+        row into the routing table."""
         if not self._staged:
             return
         m, w, shape = len(self._staged), self._row_words, self.tables.route.shape[1:]  # shape: [A, K, 8]
-        buf = self._rows_ring.next()
-        buf[:m] = list(self._staged)
-        route = buf[m: m + m * w].reshape(m, *shape)
+        route = self._rows_ring.next()[: m * w].reshape(m, *shape)
         route[:] = 0
         for i, entries in enumerate(self._staged.values()):
             for pos, k, words in entries:
                 route[i, pos, k] = words
+        for i, row in enumerate(self._staged):
+            self._rows_ring.copy(i * w, (i + 1) * w, self._route_words, row * w)
         self._staged.clear()
-        rows = self._rows_ring.read(0, m)
-        self.tables.route.index_put_((rows,), self._rows_ring.read(m, m + m * w, (m, *shape)))
-        self._rows_written = True
 
     # -- per step -----------------------------------------------------------------------------
     def route(self, req_ids: Sequence[str], num_tokens: np.ndarray) -> None:
@@ -146,25 +140,17 @@ class Router:
         self._ids, self._counts, self._dirty = list(req_ids), np.array(num_tokens), False
         rows = (np.fromiter(map(self._row_of.get, req_ids, repeat(0)), np.int32, len(req_ids)) if self._row_of
                 else None)
-        gated = False
         if rows is not None and rows.any():
             tok = np.repeat(rows, num_tokens)
             self.tables.step.route_layers(np.flatnonzero(self._row_layers[rows].any(0)).tolist())
-            gated = bool(self._row_gated[rows].any())
         else:
             tok = self._tok[:0]
             self.tables.step.route_layers(())
-        if not self._rows_written and tok.shape == self._tok.shape and np.array_equal(tok, self._tok):
+        if tok.shape == self._tok.shape and np.array_equal(tok, self._tok):
             return
         n = max(len(tok), len(self._tok))  # the last step's tokens past this one's get the null row
-        if n:
-            self._upload(tok, n, gated)
-        self._tok, self._rows_written = tok, False
-
-    @torch.inference_mode()
-    def _upload(self, tok: np.ndarray, n: int, gated: bool) -> None:
-        """``tok`` then null rows up to ``n`` tokens, gathered into the per-token table."""
         buf = self._tok_ring.next()
         buf[: len(tok)] = tok
         buf[len(tok): n] = 0
-        self.tables.load_tokens(self._tok_ring.read(0, n), gated)
+        self._tok_ring.copy(0, n, self._tok_words, 0)
+        self._tok = tok

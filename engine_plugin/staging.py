@@ -9,18 +9,20 @@ request arrives or the batch changes. So:
   blocks of torch's caching host allocator: it records the copy on the stream and does not hand
   a block out again before the copy has run, so the host returns as soon as the copy is enqueued.
 * :class:`HostRing` (every step in which the batch changes) holds pinned buffers the host fills
-  with numpy, which the device reads in place where it can (CUDA unified addressing): the hand-off
-  is then no torch call at all, only the kernel that consumes it. Fewer torch calls is the point:
-  each one releases the GIL, and in a served engine vLLM's output thread then takes it and the
-  step thread waits for it back (measured on the H200 at 256 in flight: ~70 µs a call where it
-  costs ~7 µs alone). Slicing a tensor is such a call too (``aten::slice`` lets the GIL go, as
-  ``stride(dim)`` does; ``shape``, ``stride()`` and ``data_ptr()`` do not), so the spans a ring
-  hands out, and those of the tables they are gathered into, are views made once and kept
-  (:class:`Spans`).
+  with numpy and copies from into fixed device tensors, in stream order. On CUDA the copy is the
+  driver's ``cuMemcpyAsync`` called through ``ctypes.PyDLL``, which keeps the GIL: no torch call
+  at all. Fewer torch calls is the point: each one releases the GIL, and in a served engine
+  vLLM's output thread then takes it and the step thread waits for it back (measured on the H200
+  at 256 in flight: ~70 µs a call where it costs ~7 µs alone). Slicing a tensor is such a call
+  too (``aten::slice`` lets the GIL go, as ``stride(dim)`` does; ``shape``, ``stride()`` and
+  ``data_ptr()`` do not), so where torch copies instead (CPU, or no driver to call), the spans
+  are views made once and kept (:class:`Spans`).
 """
 
 from __future__ import annotations
 
+import ctypes
+import functools
 import logging
 
 import numpy as np
@@ -35,22 +37,18 @@ def to_device(a: np.ndarray, device: torch.device) -> torch.Tensor:
     return (t.pin_memory() if device.type == "cuda" else t).to(device, non_blocking=True)
 
 
-def _unified_view(host: torch.Tensor) -> torch.Tensor | None:
-    """A CUDA tensor aliasing pinned ``host`` (unified virtual addressing, through vLLM's own
-    op), None where vLLM or the platform offers none.
-
-    The op's library is loaded by vLLM's platform module when the platform is resolved (which
-    ``is_uva_available`` does), not by importing a library by name: vLLM 0.25 builds it into
-    ``_C_stable_libtorch``, later releases elsewhere."""
+@functools.cache
+def _driver_memcpy():
+    """The CUDA driver's ``cuMemcpyAsync(dst, src, bytes, stream)`` (unified addresses: any
+    direction), called with the GIL held; None where the driver cannot be loaded."""
     try:
-        from vllm.utils.platform_utils import is_uva_available
-        from vllm.utils.torch_utils import get_accelerator_view_from_cpu_tensor
-
-        return get_accelerator_view_from_cpu_tensor(host) if is_uva_available() else None
-    except Exception as e:  # an older or newer vLLM without these, or a platform without the op
-        log.info("hotwire: no unified-address view of pinned host memory (%s: %s); routing uploads "
-                 "are copied", type(e).__name__, e)
+        fn = ctypes.PyDLL("libcuda.so.1").cuMemcpyAsync
+    except (OSError, AttributeError) as e:
+        log.info("hotwire: no CUDA driver to copy routing uploads through (%s); torch copies them", e)
         return None
+    fn.argtypes = (ctypes.c_uint64, ctypes.c_uint64, ctypes.c_size_t, ctypes.c_void_p)
+    fn.restype = ctypes.c_int
+    return fn
 
 
 class Spans:
@@ -71,15 +69,33 @@ class Spans:
         return view
 
 
+def _raw_stream(device: torch.device):
+    """A function giving the device's current stream as a ``cudaStream_t`` (the one inductor's
+    generated code launches on: the forward's)."""
+    index = device.index if device.index is not None else torch.cuda.current_device()
+    raw = getattr(torch._C, "_cuda_getCurrentRawStream", None)
+    if raw is not None:
+        return functools.partial(raw, index)
+    return lambda: torch.cuda.current_stream(index).cuda_stream
+
+
+class DeviceWords:
+    """A fixed int32 device tensor as flat words, the target of :meth:`HostRing.copy`."""
+
+    def __init__(self, tensor: torch.Tensor):
+        assert tensor.dtype == torch.int32 and tensor.is_contiguous()
+        self.tensor, self.address, self.spans = tensor, tensor.data_ptr(), Spans(tensor.view(-1))
+
+
 class HostRing:
     """``depth`` int32 host buffers of ``words`` each, used in turn: :meth:`next` hands out the
-    next one's numpy view to fill, :meth:`read` a span of it as a tensor the device reads.
+    next one's numpy view to fill, :meth:`copy` enqueues a span of it into a device tensor.
 
-    On CUDA the buffers are pinned and, where vLLM offers unified addressing, read by kernels in
-    place (``direct``); otherwise :meth:`read` enqueues one copy. On CPU a buffer is read as it is.
+    On CUDA the buffers are pinned and, where the driver can be called (``direct``), copied by
+    ``cuMemcpyAsync`` on the current stream, holding the GIL; otherwise by a torch copy.
 
-    Reuse contract: a buffer is filled again ``depth`` calls of :meth:`next` later, so whatever
-    reads it must have run by then. A caller that takes one buffer per engine step needs a depth
+    Reuse contract: a buffer is filled again ``depth`` calls of :meth:`next` later, so the copies
+    from it must have run by then. A caller that takes one buffer per engine step needs a depth
     above the number of steps vLLM keeps in flight (``VllmConfig.max_concurrent_batches``: at a
     step's start the inputs of the step two before it have been consumed; vLLM double-buffers its
     own pinned inputs on the same ground).
@@ -89,19 +105,33 @@ class HostRing:
         cuda = device.type == "cuda"
         self._host = [torch.zeros(words, dtype=torch.int32, pin_memory=cuda) for _ in range(depth)]
         self._np = [h.numpy() for h in self._host]
-        views = [_unified_view(h) if cuda else h for h in self._host]
-        self.direct = all(v is not None for v in views)
-        self._spans = [Spans(v) for v in (views if self.direct else self._host)]
+        self._address = [h.data_ptr() for h in self._host]
+        self._spans = [Spans(h) for h in self._host]
+        self._memcpy = _driver_memcpy() if cuda else None
         self._device = device
+        self._stream = _raw_stream(device) if cuda else None
         self._i = -1
+
+    @property
+    def direct(self) -> bool:
+        """Are the copies driver calls that keep the GIL (no torch call)?"""
+        return self._memcpy is not None
 
     def next(self) -> np.ndarray:
         """The next buffer, to fill on the host (its previous contents stay until overwritten)."""
         self._i = (self._i + 1) % len(self._host)
         return self._np[self._i]
 
-    def read(self, start: int, stop: int, shape: tuple[int, ...] | None = None) -> torch.Tensor:
-        """Words ``[start, stop)`` of the current buffer (viewed as ``shape`` if given), as the
-        device reads them."""
-        view = self._spans[self._i].get(start, stop, shape)
-        return view if self.direct else view.to(self._device, non_blocking=True)
+    def copy(self, start: int, stop: int, dst: DeviceWords, at: int) -> None:
+        """Words ``[start, stop)`` of the current buffer into ``dst``'s words from ``at``, enqueued
+        on the current stream (the host does not wait)."""
+        if self._memcpy is not None:
+            rc = self._memcpy(dst.address + 4 * at, self._address[self._i] + 4 * start, 4 * (stop - start),
+                              self._stream())
+            if rc == 0:
+                return
+            log.warning("hotwire: cuMemcpyAsync failed (CUresult %d); routing uploads are torch copies from now on",
+                        rc)
+            self._memcpy = None
+        with torch.inference_mode():
+            dst.spans.get(at, at + stop - start).copy_(self._spans[self._i].get(start, stop), non_blocking=True)

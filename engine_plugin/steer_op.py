@@ -18,11 +18,13 @@ buffer, which nothing else reads, so no copy appears in the compiled graph.
 
 Contract, for ``x [T, H]`` (the layer's output: one addend of the residual stream; changed in
 place), ``residual [T, H]`` (the other addend, read only; None where the layer returns the stream
-itself), ``positions [T]`` and the layer's per-token entries ``route [N>=T, K, 8]`` int32 (any
-token stride; an entry's words contiguous, laid out as in :mod:`.interventions`)::
+itself), ``positions [T]``, the layer's entries per request row ``route [R+1, K, 8]`` int32 (any
+row stride; an entry's words contiguous, laid out as in :mod:`.interventions`; row 0 null) and
+each token's request row ``tok_row [N>=T]`` int32::
 
+    e    = route[tok_row[t], k]                                      (the token's entry k)
     h    = x[t] + residual[t]                                        (float32)
-    x[t] = x[t] + sum_k  where(lo <= positions[t] < hi,  c_k(h) * bank[row],  -0.0)
+    x[t] = x[t] + sum_k  where(e.lo <= positions[t] < e.hi,  c_k(h) * bank[e.row],  -0.0)
 
 with ``c_k`` the entry's mode coefficient (:func:`.interventions.coefficient`: ``a`` for an add,
 from ``h·bank[row]`` and ``‖h‖`` otherwise); a gated entry counts as off unless its gate is open
@@ -44,6 +46,9 @@ returns at once, before any launch, for the layers no request of the step has an
 The op takes the layer's own entries, not the whole tables and a layer index: an index would be
 a constant of the traced graph, making every armed layer's piece of it unique (inductor compiled
 each one: start-up +75 % at 28 layers), and one held in a tensor would be one more dependent load.
+It reads them through ``tok_row``, one dependent load per token, rather than from a per-token copy
+of the rows: a step whose batch changed then uploads only the token map, no gather
+(:mod:`.routing`).
 """
 
 from __future__ import annotations
@@ -61,15 +66,14 @@ from .interventions import (ADD, CLAMP_HI, CLAMP_LO, COEF, GATE, MODE, POS_HI, P
 
 class GateScratch(NamedTuple):
     """Where gates are recorded: ``gates [N, G]`` int32 (per token of the step: did gate g open),
-    ``tok_row [N]`` int32 (each token's request row), ``counts [R+1, G]`` int32 (tokens each
-    gate opened, per request row) and ``decided [R+1, G]`` int32 (a prompt gate's decision, per
-    request row, held for the rest of the request). The op reaches them through the bank it is
+    ``counts [R+1, G]`` int32 (tokens each gate opened, per request row: the token's ``tok_row``)
+    and ``decided [R+1, G]`` int32 (a prompt gate's decision, per request row, held for the rest
+    of the request). The op reaches them through the bank it is
     given (:class:`StepState`), the way vLLM's attention reaches its KV cache through the forward
     context: a probe's write at layer P precedes every read at a layer after it because those
     layers' inputs depend on P's output."""
 
     gates: torch.Tensor
-    tok_row: torch.Tensor
     counts: torch.Tensor
     decided: torch.Tensor
 
@@ -110,13 +114,14 @@ def _runs(bank: torch.Tensor, route: torch.Tensor) -> tuple[bool, GateScratch | 
     return route.data_ptr() in state.live, state.scratch
 
 
-def reference(x: torch.Tensor, residual: torch.Tensor | None, positions: torch.Tensor,
-              bank: torch.Tensor, route: torch.Tensor, scratch: GateScratch | None = None) -> None:
+def reference(x: torch.Tensor, residual: torch.Tensor | None, positions: torch.Tensor, bank: torch.Tensor,
+              route: torch.Tensor, tok_row: torch.Tensor, scratch: GateScratch | None = None) -> None:
     """The contract in torch, in place on ``x``: the CPU kernel, and what the Triton kernel is
     tested against. Without ``scratch`` no gate opens and probes record nothing."""
-    # x, residual: [T, H]; positions: [T]; bank: [S+1, H]; route: [N>=T, K, 8] int32
+    # x, residual: [T, H]; positions: [T]; bank: [S+1, H]; route: [R+1, K, 8] int32; tok_row: [N>=T] int32
     n = x.shape[0]
-    rt = route[:n]                                               # [T, K, 8]
+    req = tok_row[:n].long()                                     # [T] each token's request row
+    rt = route[req]                                              # [T, K, 8]
     f = rt.view(torch.float32)                                   # the same words as float32
     pos = positions[:n, None]                                    # [T, 1]
     on = (pos >= rt[..., POS_LO]) & (pos < rt[..., POS_HI])      # [T, K] inside the entry's window
@@ -136,16 +141,16 @@ def reference(x: torch.Tensor, residual: torch.Tensor | None, positions: torch.T
     opened = torch.zeros_like(on)                                # [T, K] the gate an entry names is open
     if scratch is not None and bool(probing.any()):
         t, k = probing.nonzero(as_tuple=True)
-        g, req = gate[t, k].abs() - 1, scratch.tok_row[t].long()
+        g, r = gate[t, k].abs() - 1, req[t]
         passed = (f[t, k, COEF] * dots[t, k] > f[t, k, THRESHOLD]).int()
         scratch.gates.index_put_((t, g), passed)
-        scratch.counts.index_put_((req, g), passed, accumulate=True)
+        scratch.counts.index_put_((r, g), passed, accumulate=True)
         prompt = gate[t, k] < 0
-        scratch.decided.index_put_((req[prompt], g[prompt]), passed[prompt])
+        scratch.decided.index_put_((r[prompt], g[prompt]), passed[prompt])
     if scratch is not None and bool((gate != 0).any()):
         g = (gate.abs() - 1).clamp(min=0).long()                 # [T, K]
         per_token = torch.gather(scratch.gates[:n], 1, g)
-        per_request = scratch.decided[scratch.tok_row[:n].long()[:, None], g]
+        per_request = scratch.decided[req[:, None], g]
         opened = torch.where(gate < 0, per_request, per_token) != 0
     applies = on & (mode != PROBE) & ((gate == 0) | opened)     # [T, K]
     big = torch.finfo(torch.float32).max
@@ -160,21 +165,22 @@ def reference(x: torch.Tensor, residual: torch.Tensor | None, positions: torch.T
 
 
 _LIB = torch.library.Library("hotwire", "DEF")  # kept: the op lives as long as its library
-_LIB.define("steer_(Tensor(a!) x, Tensor? residual, Tensor positions, Tensor bank, Tensor route) -> ()")
+_LIB.define("steer_(Tensor(a!) x, Tensor? residual, Tensor positions, Tensor bank, Tensor route, "
+            "Tensor tok_row) -> ()")
 
 
-def _steer_torch(x, residual, positions, bank, route) -> None:
+def _steer_torch(x, residual, positions, bank, route, tok_row) -> None:
     runs, scratch = _runs(bank, route)
     if runs:
-        reference(x, residual, positions, bank, route, scratch)
+        reference(x, residual, positions, bank, route, tok_row, scratch)
 
 
-def _steer_cuda(x, residual, positions, bank, route) -> None:
+def _steer_cuda(x, residual, positions, bank, route, tok_row) -> None:
     runs, scratch = _runs(bank, route)
     if runs:
         from .steer_triton import launch  # Triton is only needed (and present) where CUDA is
 
-        launch(x, residual, positions, bank, route, scratch)
+        launch(x, residual, positions, bank, route, tok_row, scratch)
 
 
 _LIB.impl("steer_", _steer_torch, "CompositeExplicitAutograd")
@@ -182,7 +188,7 @@ _LIB.impl("steer_", _steer_cuda, "CUDA")
 
 
 @torch.library.register_fake("hotwire::steer_")
-def _(x, residual, positions, bank, route) -> None:
+def _(x, residual, positions, bank, route, tok_row) -> None:
     return None
 
 

@@ -1,8 +1,8 @@
 """The Triton kernel behind ``hotwire::steer_`` on CUDA (contract: :mod:`.steer_op`).
 
-One program per token, in place. It reads the token's routing entries (at the token's own index,
-so bank rows are the only dependent loads); a token with no entry on stops there: it is neither
-read nor written. A steered token's program walks the hidden dim in blocks: first, if an entry
+One program per token, in place. It reads the token's request row, then that row's entries for
+the layer (bank rows are the only loads that depend on them); a token with no entry on stops
+there: it is neither read nor written. A steered token's program walks the hidden dim in blocks: first, if an entry
 projects (``norm``/``ablate``/``clamp``, :mod:`.interventions`) or probes a gate, it reduces
 ``h·v`` and ``‖h‖²`` over the whole row (reading its residual; add-only tokens skip this pass),
 then adds its terms block by block and stores the row back. One program owning the whole row
@@ -32,14 +32,15 @@ NORM, ABLATE, CLAMP, PROBE = (tl.constexpr(m) for m in (iv.NORM, iv.ABLATE, iv.C
 
 
 @triton.jit
-def _steer(x_ptr, res_ptr, pos_ptr, bank_ptr, route_ptr, route_stride, gates_ptr, tok_row_ptr, counts_ptr,
+def _steer(x_ptr, res_ptr, pos_ptr, bank_ptr, route_ptr, route_stride, tok_row_ptr, gates_ptr, counts_ptr,
            decided_ptr,
            H: tl.constexpr, K: tl.constexpr, KP: tl.constexpr, G: tl.constexpr, BLOCK: tl.constexpr,
            HAS_RES: tl.constexpr, HAS_GATES: tl.constexpr, TOP: tl.constexpr, BIG: tl.constexpr):
     t = tl.program_id(0).to(tl.int64)
     p = tl.load(pos_ptr + t)
+    req = tl.load(tok_row_ptr + t).to(tl.int64)                 # the token's request row
     ks = tl.arange(0, KP)                                       # [KP] entries (K, padded)
-    entry = route_ptr + t * route_stride + WORDS * ks           # route[t, k, :]
+    entry = route_ptr + req * route_stride + WORDS * ks         # route[req, k, :]
     live = ks < K
     rows = tl.load(entry + ROW, mask=live, other=0).to(tl.int64)
     on = live & (p >= tl.load(entry + POS_LO, mask=live, other=0)) & (p < tl.load(entry + POS_HI, mask=live, other=0))
@@ -71,7 +72,6 @@ def _steer(x_ptr, res_ptr, pos_ptr, bank_ptr, route_ptr, route_stride, gates_ptr
             if HAS_GATES:
                 passed = probing & (proj > lo)
                 tl.store(gates_ptr + t * G + g, passed.to(tl.int32), mask=probing)
-                req = tl.load(tok_row_ptr + t).to(tl.int64)
                 tl.atomic_add(counts_ptr + req * G + g, passed.to(tl.int32), mask=probing)
                 tl.store(decided_ptr + req * G + g, passed.to(tl.int32), mask=probing & (gate < 0))
             coef = tl.where(mode == NORM, coef * hnorm,
@@ -84,7 +84,6 @@ def _steer(x_ptr, res_ptr, pos_ptr, bank_ptr, route_ptr, route_stride, gates_ptr
             # from an earlier layer from the scratch
             gated = applies & (gate != 0)
             if tl.sum(gated.to(tl.int32), axis=0) > 0:
-                req = tl.load(tok_row_ptr + t).to(tl.int64)
                 per_token = tl.load(gates_ptr + t * G + g, mask=gated & (gate > 0), other=0)
                 per_request = tl.load(decided_ptr + req * G + g, mask=gated & (gate < 0), other=0)
                 opened = tl.where(gate < 0, per_request, per_token) != 0
@@ -120,25 +119,25 @@ def _constants(dtype: torch.dtype, h: int, k: int, has_res: bool, gates: int | N
 
 
 def launch(x: torch.Tensor, residual: torch.Tensor | None, positions: torch.Tensor, bank: torch.Tensor,
-           route: torch.Tensor, scratch=None) -> None:
+           route: torch.Tensor, tok_row: torch.Tensor, scratch=None) -> None:
     """Steer ``x`` in place."""
-    # x, residual: [T, H]; positions: [T]; bank: [S+1, H]; route: [N>=T, K, 8] int32, a strided view;
-    # scratch: a .steer_op.GateScratch, or None (no gate opens)
+    # x, residual: [T, H]; positions: [T]; bank: [S+1, H]; route: [R+1, K, 8] int32, a strided view;
+    # tok_row: [N>=T] int32; scratch: a .steer_op.GateScratch, or None (no gate opens)
     n, h = x.shape
     if n == 0:
         return
     if not x.is_contiguous():  # not seen in vLLM's layers; kept correct all the same
         work = x.contiguous()
-        launch(work, residual, positions, bank, route, scratch)
+        launch(work, residual, positions, bank, route, tok_row, scratch)
         x.copy_(work)
         return
-    positions = positions.contiguous()  # no-ops here
+    positions, tok_row = positions.contiguous(), tok_row.contiguous()  # no-ops here
     residual = residual.contiguous() if residual is not None else None
     strides = route.stride()  # all at once: stride(dim) releases the GIL (.staging), stride() does not
     if strides[1] != iv.WORDS or strides[2] != 1:
         route = route.contiguous()
         strides = route.stride()
-    gates, tok_row, counts, decided = scratch if scratch is not None else (route,) * 4  # unread without gates
-    _steer[(n,)](x, x if residual is None else residual, positions, bank, route, strides[0], gates, tok_row,
+    gates, counts, decided = scratch if scratch is not None else (route,) * 3  # unread without gates
+    _steer[(n,)](x, x if residual is None else residual, positions, bank, route, strides[0], tok_row, gates,
                  counts, decided, **_constants(x.dtype, h, route.shape[1], residual is not None,
                                                None if scratch is None else gates.shape[-1]))

@@ -12,11 +12,11 @@ exactly as without the plugin. All state lives in buffers allocated once, before
 CUDA-graph capture; steering on/off and vector changes are content updates between replays
 (invariant 4), and steps with nothing steered replay graphs without the op (:mod:`.idle_graphs`).
 
-The op reads a per-token copy of the routing rows (``tok_route``, refreshed by the router only
-when the batch changes, in one gather), addressed by token index, so the bank row is its only
-dependent load, and it writes only steered tokens: an unsteered token keeps its bits.
-Each armed layer holds a view of its own layer's slice of that table as a buffer: a graph input,
-so every armed layer traces to the same graph (a layer index would be a constant in it).
+The op reads each token's request row (``tok_row``, uploaded by the router only when the batch
+changes), then that row's entries for its layer in the routing table (``route``, written once per
+request), and it writes only steered tokens: an unsteered token keeps its bits.
+Each armed layer holds a view of its own layer's slice of the routing table as a buffer: a graph
+input, so every armed layer traces to the same graph (a layer index would be a constant in it).
 """
 
 from __future__ import annotations
@@ -30,14 +30,13 @@ import torch
 from torch import nn
 
 from .interventions import WORDS
-from .staging import Spans
 from .steer_op import GateScratch, StepState, attach, steer_
 
 _LAYER_INDEX = re.compile(r"(?:^|\.)layers\.(\d+)$")
 
 
 class SteeringTables(nn.Module):
-    """GPU bank, per-request routing rows and their per-token copy, at fixed addresses.
+    """GPU bank, per-request routing rows and each token's request row, at fixed addresses.
 
     Shapes (S slots, H hidden, A armed layers, R request rows, K entries, N max tokens)::
 
@@ -46,19 +45,16 @@ class SteeringTables(nn.Module):
                                                   row, token window, mode and its float32
                                                   coefficients); request row 0 = null (all zeros)
         tok_row   [N]               int32         request row of each token of the current step
-                                                  (written in steps with a gated request: the
-                                                  gates' counts are its only reader)
-        tok_route [N, A, K, 8]      int32         route[tok_row]: what the op reads
+                                                  (0 for an unsteered request's tokens)
         gates     [N, K]            int32         per token: did the request's gate g open (probes
                                                   write it, gated entries read it; one step long)
         gate_counts [R+1, K]        int32         tokens each gate opened, per request row
         gate_decided [R+1, K]       int32         a prompt gate's decision, per request row
 
-    ``route`` and ``tok_route`` are row-major in the leading index, so admitting requests is one
-    ``index_put_`` of whole rows and a batch change one ``index_select`` straight into
-    ``tok_route``: the fewest launches on the host path, which a host-bound served engine pays on
-    most steps. A layer's slice
-    (:meth:`layer`) is a strided view; an entry's eight words are 32-byte aligned.
+    ``route`` is row-major in the request row, so admitting a request is one copy of a contiguous
+    row, and a batch change one copy of the token map into ``tok_row``: no kernel of their own on
+    the host path, which a host-bound served engine pays on most steps (:mod:`.routing`). A
+    layer's slice (:meth:`layer`) is a strided view; an entry's eight words are 32-byte aligned.
     """
 
     def __init__(self, *, slots: int, hidden: int, armed: int, requests: int, entries: int,
@@ -71,12 +67,10 @@ class SteeringTables(nn.Module):
         buf("bank", slots + 1, hidden, dtype=dtype)
         buf("route", requests + 1, armed, entries, WORDS)
         buf("tok_row", max_tokens)
-        buf("tok_route", max_tokens, armed, entries, WORDS)
         buf("gates", max_tokens, entries)
         buf("gate_counts", requests + 1, entries)
         buf("gate_decided", requests + 1, entries)
-        self._tok_route_spans, self._tok_row_spans = Spans(self.tok_route), Spans(self.tok_row)
-        self.step = StepState(GateScratch(self.gates, self.tok_row, self.gate_counts, self.gate_decided),
+        self.step = StepState(GateScratch(self.gates, self.gate_counts, self.gate_decided),
                               [self.layer(pos) for pos in range(armed)])
         attach(self.bank, self.step)
 
@@ -84,27 +78,18 @@ class SteeringTables(nn.Module):
     def nbytes(self) -> int:
         return sum(b.numel() * b.element_size() for b in self.buffers())
 
-    def load_tokens(self, rows: torch.Tensor, gated: bool) -> None:
-        """The request rows named by ``rows [n]`` (each token's, on or readable by the device)
-        into ``tok_route[:n]``: one gather; and ``rows`` into ``tok_row[:n]`` where the op reads
-        it (``gated``: a request of the step has gates, whose counts go by request row)."""
-        n = rows.shape[0]
-        torch.index_select(self.route, 0, rows, out=self._tok_route_spans.get(0, n))
-        if gated:
-            self._tok_row_spans.get(0, n).copy_(rows)
-
     def layer(self, pos: int) -> torch.Tensor:
-        """Armed layer ``pos``'s per-token entries: a view ``[N, K, 8]``."""
-        return self.tok_route[:, pos]
+        """Armed layer ``pos``'s entries per request row: a view ``[R+1, K, 8]``."""
+        return self.route[:, pos]
 
     def forward(self, x: torch.Tensor, residual: torch.Tensor | None, positions: torch.Tensor,
                 route: torch.Tensor) -> torch.Tensor:
         # x: [T, H] the layer's output (an addend of the stream), steered in place and returned;
         # residual: [T, H] the other addend (None: x is the stream); positions: [T] (or [3, T] for
-        # M-RoPE); route: [N, K, 8], the layer's slice of tok_route
+        # M-RoPE); route: [R+1, K, 8], the layer's slice of the routing table
         if positions.dim() == 2:
             positions = positions[0]
-        steer_(x, residual, positions[: x.shape[0]], self.bank, route)
+        steer_(x, residual, positions[: x.shape[0]], self.bank, route, self.tok_row)
         return x
 
 

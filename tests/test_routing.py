@@ -10,7 +10,7 @@ import pytest
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
-from engine_rig import REQUESTS, H, Rig, Step, make_rank, new_req
+from engine_rig import H, Rig, Step, make_rank, new_req
 from hotwire.shared.mailbox import ANY_LAYER
 
 
@@ -29,22 +29,14 @@ def test_route_maps_tokens_to_rows_and_clears_what_it_no_longer_uses(rig):
     rig.step(new=[("s", _spec({"id": "v", "layer": 1}), 3)])  # the vector binds before admission
     router.commit()
     row = router.active["s"].row
-
-    def token_rows() -> list[int]:
-        """The request row each token's per-token copy matches (0 = the null row)."""
-        out = []
-        for t in range(6):
-            hits = [r for r in range(REQUESTS + 1) if torch.equal(tables.tok_route[t], tables.route[r])]
-            out.append(0 if 0 in hits else hits[0])
-        return out
-
+    assert row > 0 and tables.route[row].abs().sum() > 0 and tables.route[0].abs().sum() == 0
     router.route(["u", "s", "u2"], np.array([2, 3, 1]))
-    assert token_rows() == [0, 0, row, row, row, 0]
+    assert tables.tok_row[:6].tolist() == [0, 0, row, row, row, 0]
     router.route(["s"], np.array([1]))  # decode step: shorter batch, stale tail nulled
-    assert token_rows() == [row, 0, 0, 0, 0, 0]
+    assert tables.tok_row[:6].tolist() == [row, 0, 0, 0, 0, 0]
     router.finish(["s"])
     router.route(["u"], np.array([4]))
-    assert tables.tok_route.abs().sum() == 0
+    assert tables.tok_row.abs().sum() == 0
 
 
 def test_route_names_the_layers_the_steps_requests_have_entries_on(rig):
@@ -82,15 +74,15 @@ def test_a_gated_requests_row_starts_closed_for_the_next_request(rig):
     assert tables.gate_decided[row].abs().sum() == 0
 
 
-def test_tok_row_names_each_tokens_row_in_every_step_with_a_gated_request(rig):
-    """Only gates read ``tok_row`` (their counts go by request row), so only steps with a gated
-    request write it: a gated request joining a batch routed without one must find it right."""
+def test_tok_row_names_each_tokens_row_with_or_without_gates(rig):
+    """The op reads every token's entries through ``tok_row``, and gates count by it: a gated
+    request joining a batch routed without one finds it right."""
     tables, router = rig.tables, rig.router
     rig.core.admission.projecting = frozenset({1, 3})
     rig.control.write(0, "v", ANY_LAYER, np.ones(H, np.float32), gen=1)
     rig.step(new=[("a", _spec({"id": "v", "layer": 1}), 3)])
     router.route(["a", "u"], np.array([3, 2]))
-    assert tables.tok_row.abs().sum() == 0  # no gate in the step: not written
+    assert tables.tok_row[:5].tolist() == [router.active["a"].row] * 3 + [0, 0]
     gated = {"id": "v", "layer": 3, "gate": {"probe": "v", "layer": 1}}
     rig.step(new=[("g", _spec(gated), 2)])
     router.route(["u", "g", "a"], np.array([1, 2, 1]))
@@ -110,11 +102,11 @@ class _DeviceCalls(TorchDispatchMode):
         return func(*args, **(kwargs or {}))
 
 
-def test_a_step_with_arrivals_makes_two_torch_calls_a_changed_batch_one_a_steady_one_none(rig):
-    """Each torch call on the step thread releases the GIL, which in a served engine costs a wait
-    for vLLM's output thread (staging.HostRing): the rows are written and gathered from host
-    buffers the device reads, with no copy or pinning call of their own, through views made the
-    first time each span of each buffer is used (once round the rings, no slicing call)."""
+def test_without_driver_copies_a_step_with_arrivals_makes_a_copy_per_row_and_one_for_the_tokens(rig):
+    """Where routing uploads are torch copies (CPU; CUDA without a driver to call), each row and
+    the token map is one copy, through views made the first time each span of each buffer is used
+    (once round the rings, no slicing call); a steady step makes none. (On CUDA they are driver
+    copies, no torch call: the GPU test.)"""
     router = rig.router
     rig.control.write(0, "v", ANY_LAYER, np.ones(H, np.float32), gen=1)
     calls, before = [], ()
@@ -128,7 +120,7 @@ def test_a_step_with_arrivals_makes_two_torch_calls_a_changed_batch_one_a_steady
             with _DeviceCalls() as mode:
                 router.route([a, b, "u"], np.array(counts))
             calls.append(mode.calls)
-    assert calls == [["index_put_", "index_select"], ["index_select"], []]
+    assert calls == [["copy_", "copy_", "copy_"], ["copy_"], []]
 
 
 def test_a_row_reused_before_its_commit_holds_the_latest_request(rig):
@@ -144,8 +136,9 @@ def test_a_row_reused_before_its_commit_holds_the_latest_request(rig):
     assert tables.route[row, 0, 0, 4].view(torch.float32).item() == -3.0
 
 
-def test_reused_row_with_the_same_token_map_is_copied_again(rig):
-    """A request leaves and the next one takes its row: same token map, new row contents."""
+def test_reused_row_with_the_same_token_map_is_read_anew(rig):
+    """A request leaves and the next one takes its row: same token map, new row contents, which
+    the op reads through the map (no upload of the map)."""
     tables, router = rig.tables, rig.router
     rig.control.write(0, "v", ANY_LAYER, np.ones(H, np.float32), gen=1)
     rig.step(new=[("a", _spec({"id": "v", "layer": 1, "scale": 1.0}), 3)])
@@ -154,8 +147,8 @@ def test_reused_row_with_the_same_token_map_is_copied_again(rig):
     rig.step(finished=["a"], new=[("b", _spec({"id": "v", "layer": 1, "scale": -3.0}), 3)])
     assert router.active["b"].row == row
     router.route(["b"], np.array([3]))
-    assert torch.equal(tables.tok_route[:3], tables.route[row].expand(3, -1, -1, -1))
-    assert tables.tok_route[:3, ..., 4].view(torch.float32).min() == -3.0
+    assert tables.tok_row[:3].tolist() == [row] * 3
+    assert tables.route[row, ..., 4].view(torch.float32).min() == -3.0
 
 
 def test_ranks_of_a_pipeline_write_the_entries_of_their_own_layers(tmp_path):
@@ -177,10 +170,23 @@ def test_ranks_of_a_pipeline_write_the_entries_of_their_own_layers(tmp_path):
 
 
 @pytest.mark.gpu
-def test_on_cuda_the_device_reads_routing_uploads_in_place(tmp_path):
-    """With vLLM's unified-address view, a step's uploads are no copy call (staging.HostRing);
-    without it they would be, and the served host path would pay for each."""
-    assert Rig(tmp_path, "cuda").router.in_place
+def test_on_cuda_routing_makes_no_torch_call_and_its_uploads_land(tmp_path):
+    """On CUDA the rows and the token map are driver copies that keep the GIL (staging.HostRing):
+    a step with arrivals and a changed batch makes no torch call, and the tables say what the
+    host wrote once the stream has run them."""
+    rig = Rig(tmp_path, "cuda")
+    router, tables = rig.router, rig.tables
+    assert router.direct
+    rig.control.write(0, "v", ANY_LAYER, np.ones(H, np.float32), gen=1)
+    rig.step(new=[("a", _spec({"id": "v", "layer": 1, "scale": 2.0}), 3), ("b", _spec({"id": "v", "layer": 3}), 2)])
+    with _DeviceCalls() as mode:
+        router.route(["a", "u", "b"], np.array([3, 1, 2]))
+        router.route(["a", "u", "b"], np.array([1, 1, 1]))
+    assert mode.calls == []
+    torch.cuda.synchronize()
+    a, b = router.active["a"].row, router.active["b"].row
+    assert tables.tok_row[:6].tolist() == [a, 0, b, 0, 0, 0]
+    assert tables.route[a, 0, 0, 4].view(torch.float32).item() == 2.0 and tables.route[b, 1, 0, 0].item() == 1
 
 
 @pytest.mark.gpu
@@ -207,6 +213,8 @@ def test_host_path_only_enqueues_work_behind_a_busy_gpu(tmp_path):
     busy = time.perf_counter() - t0
     assert busy > 0.3 and host < busy / 10, (host, busy)
     assert torch.equal(tables.bank[3].cpu(), torch.from_numpy(row * 2))
-    assert tables.tok_route[:5, 1, 0, :3].tolist() == [[0, 0, 0], [0, 0, 0], *[[3, 0, 2**31 - 1]] * 3]
-    assert tables.tok_route[:5, 1, 0, 4].view(torch.float32).tolist() == [0, 0, 2.0, 2.0, 2.0]
+    r = router.active["r"].row
+    assert tables.tok_row[:5].tolist() == [0, 0, r, r, r]
+    assert tables.route[r, 1, 0, :3].tolist() == [3, 0, 2**31 - 1]
+    assert tables.route[r, 1, 0, 4].view(torch.float32).item() == 2.0
 

@@ -15,17 +15,25 @@ from hotwire.shared.spec import NO_END
 H = 16
 
 
-def reference(x, *args, **kwargs):
-    """The op's reference run on a copy of ``x``: the steered stream (``x`` is left as it was)."""
+def each_token(route: torch.Tensor) -> torch.Tensor:
+    """``tok_row`` for a per-token table: token t reads row t (most tests write a token's entries
+    directly; the engine's rows are per request, shared by its tokens)."""
+    return torch.arange(route.shape[0], dtype=torch.int32, device=route.device)
+
+
+def reference(x, residual, pos, bank, route, tok_row=None, scratch=None):
+    """The op's reference run on a copy of ``x``: the steered stream (``x`` is left as it was);
+    ``route`` per token unless ``tok_row`` names each token's row."""
     out = x.clone()
-    assert steer_op.reference(out, *args, **kwargs) is None
+    tok_row = each_token(route) if tok_row is None else tok_row
+    assert steer_op.reference(out, residual, pos, bank, route, tok_row, scratch) is None
     return out
 
 
-def op(x, *args):
+def op(x, residual, pos, bank, route, tok_row=None):
     """The registered op (``hotwire::steer_``, in place) on a copy of ``x``."""
     out = x.clone()
-    torch.ops.hotwire.steer_(out, *args)
+    torch.ops.hotwire.steer_(out, residual, pos, bank, route, each_token(route) if tok_row is None else tok_row)
     return out
 
 
@@ -61,7 +69,6 @@ def test_entries_add_scaled_rows_on_their_positions_only():
     t.route[1, 0, 0] = _entry(3, 0, NO_END, 1.5)
     t.route[1, 0, 1] = _entry(5, 2, 4, -2.0)
     t.tok_row[:6] = torch.tensor([0, 1, 1, 1, 1, 0], dtype=torch.int32)  # tokens 1-4 belong to request row 1
-    t.load_tokens(t.tok_row[:6].clone(), gated=True)
     x, pos = torch.randn(6, H), torch.tensor([9, 0, 1, 2, 3, 4])
     out = t(x.clone(), None, pos, t.layer(0))
     want = x.clone()
@@ -205,7 +212,6 @@ def test_steered_request_keeps_its_bits_outside_its_window():
     t = _tables()
     t.route[1, 0, 0] = _entry(3, 100, 200, 2.0)  # a window no token is in
     t.tok_row[:4] = 1
-    t.load_tokens(t.tok_row[:4].clone(), gated=True)
     x = torch.randn(4, H).to(torch.bfloat16)
     x[0, :2] = torch.tensor([-0.0, 0.0])
     out = t.to(torch.bfloat16)(x.clone(), x, torch.arange(4), t.layer(0))
@@ -216,7 +222,6 @@ def test_mrope_positions_use_the_first_row():
     t = _tables()
     t.route[1, 0, 0] = _entry(2, 3, 4, 1.0)
     t.tok_row[:2] = 1
-    t.load_tokens(t.tok_row[:2].clone(), gated=True)
     x = torch.zeros(2, H)
     out = t(x.clone(), None, torch.tensor([[3, 4], [0, 0], [0, 0]]), t.layer(0))
     assert torch.equal(out[0], t.bank[2]) and torch.equal(out[1], x[1])
@@ -250,7 +255,6 @@ def test_arm_wraps_only_chosen_layers_and_keeps_names():
     assert isinstance(model.layers[2], QwenishDecoderLayer) and type(model.layers[0]) is QwenishDecoderLayer
     t.route[1, 0, 0] = _entry(1, 0, NO_END, 2.0)
     t.tok_row[:3] = 1
-    t.load_tokens(t.tok_row[:3].clone(), gated=True)
     x, pos = torch.randn(3, H), torch.arange(3)
     h, r = model.layers[2](pos, x, None)
     # the stream h + r moves by the vector, added to the layer's own output; the residual is untouched
@@ -278,7 +282,6 @@ def test_only_layers_taking_positions_are_found_and_positions_are_read_by_name()
     arm(found, [1], t)
     t.route[1, 0, 0] = _entry(1, 2, 3, 1.0)  # slot 1 on positions [2, 3)
     t.tok_row[:3] = 1
-    t.load_tokens(t.tok_row[:3].clone(), gated=True)
     x, pos = torch.randn(3, H), torch.tensor([0, 1, 2])
     h, r = model.layers[1](x, None, pos)
     torch.testing.assert_close(h + r, model.layers[1].lin(x) + x + torch.stack([torch.zeros(H), torch.zeros(H), t.bank[1]]))
@@ -339,10 +342,19 @@ def _random_tables(n, h, dtype, device, armed=3, entries=4, slots=6, seed=0):
     return [t.to(device) for t in (x, residual, pos, bank, route)]
 
 
+def _mixed(route: torch.Tensor) -> torch.Tensor:
+    """``tok_row`` for :func:`_random_tables`' rows: the first and last token keep their own, the
+    ones between read them in reverse (the kernel follows each token's row, not its index)."""
+    n = route.shape[0]
+    tok = each_token(route)
+    tok[1:-1] = tok[1:-1].flip(0)
+    return tok
+
+
 def test_op_registration_is_consistent_with_its_fake():
     x, residual, pos, bank, route = _random_tables(9, H, torch.float32, "cpu")
     for res in (residual, None):
-        args = (x, res, pos, bank, route[:, 1])  # a layer's strided view, as the armed layers pass it
+        args = (x, res, pos, bank, route[:, 1], _mixed(route))  # a layer's strided view, as the armed layers pass it
         torch.library.opcheck(torch.ops.hotwire.steer_.default, args)
         assert torch.equal(op(*args), reference(*args))
         assert not torch.equal(reference(*args)[-1], x[-1])
@@ -354,10 +366,12 @@ def test_op_registration_is_consistent_with_its_fake():
 def test_triton_kernel_matches_the_reference(n, h, dtype):
     x, residual, pos, bank, route = _random_tables(n, h, dtype, "cuda", seed=n)
     for layer, res in zip(range(route.shape[1]), (residual, None, residual)):
-        at = (x, res, pos, bank, route[:, layer])  # strided, as in the engine
+        tok = _mixed(route)
+        at = (x, res, pos, bank, route[:, layer], tok)  # strided, read through each token's row, as in the engine
         got = op(*at)
         want = reference(*[a.cpu() if a is not None else None for a in at])
-        off = ~((pos[:, None] >= route[:, layer, :, 1]) & (pos[:, None] < route[:, layer, :, 2])).any(1)
+        mine = route[tok.long(), layer]
+        off = ~((pos[:, None] >= mine[:, :, 1]) & (pos[:, None] < mine[:, :, 2])).any(1)
         assert (off.any() or n == 1) and not off.all()
         # tokens with no entry on: every bit of x, signed zeros included
         assert torch.equal(got[off].cpu().view(torch.uint8), x[off].cpu().view(torch.uint8))
@@ -372,7 +386,7 @@ def test_triton_kernel_saturates_like_the_reference(dtype):
     x, residual, pos, bank, route = _random_tables(64, 1024, dtype, "cuda", seed=3)
     bank[1:] = top  # every entry that is on now overflows
     for layer in range(route.shape[1]):
-        at = (x, residual, pos, bank, route[:, layer])
+        at = (x, residual, pos, bank, route[:, layer], _mixed(route))
         got = op(*at)
         assert torch.isfinite(got).all()
         torch.testing.assert_close(got.cpu(), reference(*[a.cpu() if a is not None else None for a in at]), rtol=1e-2, atol=0)
@@ -403,9 +417,10 @@ from test_steering_op import _random_tables, reference
 from hotwire.engine_plugin import steer_triton
 
 
-def launch(x, *args):
+def launch(x, residual, pos, bank, route, tok_row=None, scratch=None):
     out = x.clone()
-    steer_triton.launch(out, *args)
+    tok_row = torch.arange(route.shape[0], dtype=torch.int32) if tok_row is None else tok_row
+    steer_triton.launch(out, residual, pos, bank, route, tok_row, scratch)
     return out
 
 
@@ -418,7 +433,7 @@ for n, h in [(1, 64), (7, 100), (5, 1088)]:
             assert torch.equal(got[off].view(torch.uint8), x[off].view(torch.uint8)), (n, h, dtype)
             torch.testing.assert_close(got, want, rtol=1e-2 if dtype != torch.float32 else 1e-5, atol=1e-2)
 from test_steering_op import _gated_case
-x, res, bank, route0, route1, scratch = _gated_case()
+x, res, bank, route0, route1, tok, scratch = _gated_case()
 mine = type(scratch)(*(s.clone() for s in scratch))
 pos = torch.arange(8)
 for prompt in (False, True):  # token gates, then the same as a prompt gate decided on token 0
@@ -428,7 +443,7 @@ for prompt in (False, True):  # token gates, then the same as a prompt gate deci
         route0[:, :, 7] = -route0[:, :, 7]
         route1[:, :, 7] = -route1[:, :, 7]
     for route in (route0, route1):
-        want, got = reference(x, res, pos, bank, route, scratch), launch(x, res, pos, bank, route, mine)
+        want, got = reference(x, res, pos, bank, route, tok, scratch), launch(x, res, pos, bank, route, tok, mine)
         torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
         assert all(torch.equal(a[:8], b[:8]) for a, b in zip(scratch, mine)), (scratch, mine)
 print("kernel ok")
@@ -465,36 +480,38 @@ def _gated_case(seed=5):
     ablate[7] = 1
     add = _entry(1, 0, NO_END, 2.0)
     add[7] = 1
-    route0 = torch.stack([probe, ablate]).expand(n, 2, 8).contiguous()
-    route1 = torch.stack([add, torch.zeros(8, dtype=torch.int32)]).expand(n, 2, 8).contiguous()
-    scratch = GateScratch(torch.full((16, 2), 7, dtype=torch.int32), torch.full((16,), 3, dtype=torch.int32),
-                          torch.zeros(5, 2, dtype=torch.int32), torch.zeros(5, 2, dtype=torch.int32))
-    return x, res, bank, route0, route1, scratch
+    route0, route1 = torch.zeros(5, 2, 8, dtype=torch.int32), torch.zeros(5, 2, 8, dtype=torch.int32)
+    route0[3] = torch.stack([probe, ablate])  # every token is request row 3's
+    route1[3, 0] = add
+    tok = torch.full((16,), 3, dtype=torch.int32)
+    scratch = GateScratch(torch.full((16, 2), 7, dtype=torch.int32), torch.zeros(5, 2, dtype=torch.int32),
+                          torch.zeros(5, 2, dtype=torch.int32))
+    return x, res, bank, route0, route1, tok, scratch
 
 
 def test_a_gate_opens_where_the_probe_layer_projects_above_its_threshold():
-    x, res, bank, route0, route1, scratch = _gated_case()
+    x, res, bank, route0, route1, tok, scratch = _gated_case()
     pos = torch.arange(8)
     u = bank[2] / bank[2].norm()
     opened = (x + res) @ u > 0.1  # the stream at the probe layer, before its own entries
     assert 0 < opened.sum() < 8
-    out0 = reference(x, res, pos, bank, route0, scratch)
+    out0 = reference(x, res, pos, bank, route0, tok, scratch)
     assert torch.equal(scratch.gates[:8, 0].bool(), opened)
     assert scratch.counts[3].tolist() == [int(opened.sum()), 0]  # counted on the tokens' request row
     v1 = bank[1] / bank[1].norm()
     want0 = x - torch.where(opened[:, None], ((x + res) @ v1)[:, None] * v1, 0.0)  # same-layer gate
     torch.testing.assert_close(out0, want0, rtol=1e-5, atol=1e-5)
     assert torch.equal(out0[~opened], x[~opened])  # closed: every bit
-    out1 = reference(out0, res, pos, bank, route1, scratch)  # a later layer reads the recorded gate
+    out1 = reference(out0, res, pos, bank, route1, tok, scratch)  # a later layer reads the recorded gate
     torch.testing.assert_close(out1, out0 + torch.where(opened[:, None], 2.0 * bank[1], 0.0))
     assert torch.equal(out1[~opened], out0[~opened])
-    assert torch.equal(reference(x, res, pos, bank, route0), x)  # no scratch: no gate opens
+    assert torch.equal(reference(x, res, pos, bank, route0, tok), x)  # no scratch: no gate opens
 
 
 def test_a_prompt_gate_decides_on_the_prompts_last_token_and_holds():
     """Gate word -1: the probe runs on position 5 only (the prompt's last token, as admission
     writes it) and its decision, kept per request row, opens the gated add on later steps."""
-    x, res, bank, route0, route1, scratch = _gated_case()
+    x, res, bank, route0, route1, tok, scratch = _gated_case()
     u = bank[2] / bank[2].norm()
     h = x + res
     last = int(torch.nonzero(h @ u > 0.1)[0])  # a token whose stream opens the gate
@@ -505,27 +522,27 @@ def test_a_prompt_gate_decides_on_the_prompts_last_token_and_holds():
     route1[:, 0, 1] = last  # the gated add: from that token on
     route1[:, :, 7] = torch.tensor([-1, 0])
     pos = torch.arange(8)
-    out0 = reference(x, res, pos, bank, route0, scratch)
+    out0 = reference(x, res, pos, bank, route0, tok, scratch)
     assert scratch.decided[3].tolist() == [1, 0] and scratch.counts[3].tolist() == [1, 0]
-    out1 = reference(out0, res, pos, bank, route1, scratch)
+    out1 = reference(out0, res, pos, bank, route1, tok, scratch)
     later = pos >= last
     torch.testing.assert_close(out1[later], out0[later] + 2.0 * bank[1])
     assert torch.equal(out1[~later], out0[~later])
     # a later step (decode: one token at a new position) reads the held decision
     x2, r2 = torch.randn(1, H), torch.randn(1, H)
-    step = reference(x2, r2, torch.tensor([9]), bank, route1[:1], scratch)
+    step = reference(x2, r2, torch.tensor([9]), bank, route1, tok, scratch)
     torch.testing.assert_close(step, x2 + 2.0 * bank[1])
     scratch.decided.zero_()  # a closed decision: nothing
-    assert torch.equal(reference(x2, r2, torch.tensor([9]), bank, route1[:1], scratch), x2)
+    assert torch.equal(reference(x2, r2, torch.tensor([9]), bank, route1, tok, scratch), x2)
 
 
 def test_the_op_finds_its_gate_scratch_through_the_bank():
     t = _tables(entries=2)
-    x, res, bank, route0, route1, _ = _gated_case()
+    x, res, bank, route0, route1, _, _ = _gated_case()
     t.bank[: bank.shape[0]] = bank
     t.tok_row[:8] = 2
-    t.tok_route[:8, 0] = route0
-    out = op(x, res, torch.arange(8), t.bank, t.layer(0))
+    t.route[2, 0] = route0[3]
+    out = op(x, res, torch.arange(8), t.bank, t.layer(0), t.tok_row)
     opened = (x + res) @ (bank[2] / bank[2].norm()) > 0.1
     assert torch.equal(t.gates[:8, 0].bool(), opened) and t.gate_counts[2, 0] == opened.sum()
     assert not torch.equal(out, x)
@@ -539,15 +556,14 @@ def test_the_op_runs_only_on_the_layers_the_step_has_entries_on():
     t.route[1, 0, 0] = _entry(1, 0, NO_END, 2.0)
     t.route[1, 1, 0] = _entry(2, 0, NO_END, -1.0)
     t.tok_row[:4] = 1
-    t.load_tokens(t.tok_row[:4].clone(), gated=True)
     x, pos = torch.randn(4, H), torch.arange(4)
-    both = [op(x, None, pos, t.bank, t.layer(i)) for i in (0, 1)]
+    both = [op(x, None, pos, t.bank, t.layer(i), t.tok_row) for i in (0, 1)]
     assert not torch.equal(both[0], x) and not torch.equal(both[1], x)
     t.step.route_layers([1])
-    assert torch.equal(op(x, None, pos, t.bank, t.layer(0)), x)  # not live: untouched
-    assert torch.equal(op(x, None, pos, t.bank, t.layer(1)), both[1])
+    assert torch.equal(op(x, None, pos, t.bank, t.layer(0), t.tok_row), x)  # not live: untouched
+    assert torch.equal(op(x, None, pos, t.bank, t.layer(1), t.tok_row), both[1])
     t.step.route_layers([])
-    assert torch.equal(op(x, None, pos, t.bank, t.layer(1)), x)
+    assert torch.equal(op(x, None, pos, t.bank, t.layer(1), t.tok_row), x)
 
 
 def test_the_op_writes_steered_tokens_in_place_and_leaves_the_rest_alone():
@@ -557,7 +573,7 @@ def test_the_op_writes_steered_tokens_in_place_and_leaves_the_rest_alone():
     assert 0 < steered.sum() < 9
     y, ptr = x.clone(), None
     ptr = y.data_ptr()
-    assert torch.ops.hotwire.steer_(y, residual, pos, bank, route[:, 1]) is None
+    assert torch.ops.hotwire.steer_(y, residual, pos, bank, route[:, 1], each_token(route)) is None
     assert y.data_ptr() == ptr and torch.equal(y, want)
     assert torch.equal(y[~steered].view(torch.int32), x[~steered].view(torch.int32))
 
@@ -584,7 +600,6 @@ def test_inductor_steers_the_layer_output_in_place_without_a_copy():
     arm(decoder_layers(model), [0, 1], t)
     t.route[1, 0, 0] = _entry(1, 0, NO_END, 2.0)
     t.tok_row[:4] = 1
-    t.load_tokens(t.tok_row[:4].clone(), gated=True)
 
     def forward(pos, x):
         h, r = model.layers[0](pos, x, None)

@@ -34,6 +34,9 @@ MODES = [
 ]
 
 
+ONE = torch.zeros(1, dtype=torch.int32)  # tok_row: the one token reads row 0 of its route
+
+
 def _route(entries, rows: list[int], bank: torch.Tensor) -> torch.Tensor:
     """One token's route entries for ``entries`` (parsed) on bank ``rows``."""
     route = torch.zeros(1, len(entries), 8, dtype=torch.int32)
@@ -57,7 +60,7 @@ def test_the_op_never_grows_the_stream_past_the_bound(seed):
         entries = parse_spec([{"id": "v", "layer": layer, **p} for p in picks])
         rows = [int(r) for r in rng.integers(1, 7, n)]
         if n:
-            reference(h, None, torch.zeros(1, dtype=torch.int64), bank, _route(entries, rows, bank))
+            reference(h, None, torch.zeros(1, dtype=torch.int64), bank, _route(entries, rows, bank), ONE)
         plan[layer] = [change(e.mode, e.scale, float(bank[r].double().norm()), e.lo, e.hi)
                        for e, r in zip(entries, rows)]
         held = {i: c for i, c in plan.items() if c}
@@ -72,7 +75,7 @@ def test_entries_side_by_side_are_bounded_by_their_changes_added():
     h = torch.zeros(1, H)
     h[0, 0] = -100.0  # the projection on v: -100
     entries = parse_spec([{"id": "v", "layer": 0, "mode": "clamp", "lo": 1.0, "hi": 1.0}] * 3)
-    reference(h, None, torch.zeros(1, dtype=torch.int64), v, _route(entries, [1, 1, 1], v))
+    reference(h, None, torch.zeros(1, dtype=torch.int64), v, _route(entries, [1, 1, 1], v), ONE)
     assert float(h[0, 0]) == 3 * 1.0 + 2 * 100.0  # p + 3·(1 - p)
     budget = StreamBudget(cap=math.inf, natural=100.0, longest=math.inf)
     bound = budget.bound({0: [change(e.mode, e.scale, 1.0, e.lo, e.hi) for e in entries]})
