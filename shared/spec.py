@@ -55,6 +55,10 @@ _SPEC_BYTES = 400  # one parsed Spec: the tuple, its attribute dict, its canonic
 _ENTRY_BYTES = 850  # one SteerEntry and its canonical row, twice (about 830)
 
 _ID_RE = re.compile(ID_PATTERN)
+# json.dumps builds an encoder per call when given options: these are made once (the salt of a
+# steered request is made on the engine core's input thread, whose GIL the step thread shares)
+_ROW_JSON = json.JSONEncoder(sort_keys=True, separators=(",", ":")).encode
+_VERSIONS_JSON = json.JSONEncoder(sort_keys=True).encode
 _F32 = struct.Struct("<f")  # the op computes in float32: a scale is stored as its float32 bits
 
 # JSON types, never coerced: a boolean is not a layer or a scale (``true`` would be 1), text is
@@ -231,7 +235,7 @@ class Spec(tuple):
 
     @functools.cached_property
     def _rows(self) -> tuple[str, ...]:
-        return tuple(json.dumps(e.canonical(), sort_keys=True, separators=(",", ":")) for e in self)
+        return tuple(map(_ROW_JSON, (e.canonical() for e in self)))
 
     @property
     def form(self) -> str:
@@ -382,7 +386,7 @@ def cache_salt(entries: tuple[SteerEntry, ...], versions: dict[str, str] | None 
     text = canonical_json(entries)
     if versions:
         read = sorted({e.id for e in entries} | {e.gate.probe for e in entries if e.gate is not None})
-        text += json.dumps({vid: versions.get(vid, "") for vid in read}, sort_keys=True)
+        text += _VERSIONS_JSON({vid: versions.get(vid, "") for vid in read})
     if any(e.relative_to_prompt for e in entries):
         text += f"|prompt_len={prompt_len}"
     return "hotwire:" + hashlib.sha256(text.encode()).hexdigest()[:32]
