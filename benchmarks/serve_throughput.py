@@ -185,7 +185,8 @@ MAX_SERVERS = int(1 / GPU_MEMORY_UTILIZATION)  # that many share the GPU
 
 
 # reported beside plugin-free; the target is on the others
-CONTRASTS = ("eager", "original", "plugin_free_2", "plugin_free_own_compile", "hotwire_unarmed", "hotwire_unsteered")
+CONTRASTS = ("eager", "original", "plugin_free_2", "plugin_free_own_compile", "hotwire_unarmed", "hotwire_unsteered",
+             "hotwire_one_graph_unsteered")
 ORIGINAL_POOL = 128  # specs the steered requests draw from when the original runs: 256 slots
 PROBE_TOKENS = 16
 HOST_FIELDS = ("host_us_per_step", "steady_us_per_step", "changed_us_per_step", "core_us_per_step",

@@ -37,6 +37,9 @@ KINDS = {
     "hotwire_again": Kind(True),  # hotwire's own B/B control: where its cores are, what it costs
     # hotwire as it is, sent the same requests with no spec: what the plugin costs while nobody steers
     "hotwire_unsteered": Kind(True, steers=False),
+    # the same with one graph set: every step replays the graphs with the op, nothing is routed; beside
+    # hotwire_unsteered, what replaying the op's graphs costs; beside hotwire, what steering's host work costs
+    "hotwire_one_graph_unsteered": Kind(True, env={"HOTWIRE_IDLE_GRAPHS": "0"}, steers=False),
     # hotwire loaded with no layer armed: its API-server middleware, its request and config patches,
     # and nothing that steers (no tables, no op, no routing, no mailbox)
     "hotwire_unarmed": Kind(False, env={"VLLM_PLUGINS": "hotwire", "HOTWIRE_LAYERS": ""}),
