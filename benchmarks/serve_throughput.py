@@ -99,6 +99,9 @@ How:
   window, and its heartbeat thread's CPU share. These counters are published by the engine's
   heartbeat, so their deltas run between the two heartbeats last published before the window's
   edges (a window of 5 s spans 5-20 of them); counters an engine does not publish are left out.
+  Simultaneous windows also carry how busy the shared GPU was (``gpu_busy.py``: nvidia-smi's
+  ``utilization.gpu``, the mean over the window, and the SM clock), printed as its median: a GPU
+  kept busy by every server's kernels makes a step wait on the others' work too.
 * Checks (a benchmark that silently stops steering must fail): every completed response is 200 with
   ``usage.completion_tokens == max_tokens`` (a dropped connection is re-sent up to twice and
   counted, ``resent``; a failed run prints every server's log tail); no preemption in any window,
@@ -172,6 +175,7 @@ from hotwire.tools.tiny_model import benchmark_model, steered_layers
 from serving import (RULE_CONFIGS, SERVER_CORES, Load, Server, add_common_args, check_steering, cpu_plan, engine_args, median,
                      median_ci, pool_entries, probe_steering, running, snapshot, start_run, startup_vectors,
                      steer_spec, verdict, wait_ready, window_row, write_vectors)
+from gpu_busy import GpuBusy
 from server_kinds import KINDS, load_of, make_server
 from simultaneous import CLIENTS_PER_CORE, LoadSet, default_processes, edge, windows
 
@@ -321,28 +325,31 @@ def _rounds(load: Load, servers: list[Server], client: httpx.Client, c: int, mak
 
 
 def _stretch(loads: LoadSet, servers: list[Server], client: httpx.Client, c: int, make: dict,
-             args: argparse.Namespace, c_end: float, rounds: int, watches: dict, save) -> None:
+             args: argparse.Namespace, c_end: float, rounds: int, watches: dict, save, busy: GpuBusy) -> None:
     """One concurrency in the simultaneous design: every server's load started together and run
     without a stop through a warm-up window and back-to-back windows that share their edges, then
-    the steering checked over the whole stretch (module docstring: How, Order, Checks)."""
+    the steering checked over the whole stretch (module docstring: How, Order, Checks). Each
+    window's row carries how busy the shared GPU was over it (``busy``, :mod:`gpu_busy`)."""
     names = [s.name for s in servers]
     result = save.result
     processes = args.client_processes or default_processes(c)
     before = {s.name: s.counters_after(clock_ns()) for s in servers if s.plugin}  # idle: all counted
     t0 = time.monotonic()
     loads.start(c, {**make, "seed": 10_000 + c}, time.time() + (c_end - t0) + 120, processes)
-    a = edge(servers, loads, client, 0)
+    a, t_a = edge(servers, loads, client, 0), time.monotonic()
     target = time.monotonic() + args.settle_s + args.window_s
     result["stopped_by"][str(c)] = "rounds"
     for k in itertools.count(1):
         loads.wait(target)
-        b = edge(servers, loads, client, k)
+        b, t_b = edge(servers, loads, client, k), time.monotonic()
         rows, a, w = windows(a, b), b, k - 2  # window -1: the warm-up (from the start, its ramp included)
+        gpu = busy.between(t_a, t_b) or {}
+        t_a = t_b
         for s in servers:
             _check_window(s.name, rows[s.name], args.smoke)
             _check_log(s, watches)
             result["samples"].append({"concurrency": c, "round": w, "server": s.name, "cpus": s.cpus,
-                                      **rows[s.name]})
+                                      **rows[s.name], **gpu})
         save()  # partial results survive a time-out
         print(f"C={c} {'warm-up' if w < 0 else f'window {w}'}: {_cells({n: [rows[n]] for n in names}, names)}",
               flush=True)
@@ -418,6 +425,10 @@ def _summary(samples: list[dict], concurrency: list[int], names: list[str], bloc
         if not full:
             continue
         row = {"concurrency": c, "rounds": len(full), "block": block}
+        busy = [x["gpu_util"] for r in full for x in r["plugin_free"] if "gpu_util" in x]  # shared: one per window
+        if busy:
+            row["gpu_util"] = round(median(busy), 1)
+            row["gpu_util_range"] = [min(busy), max(busy)]
         for n in names:
             mine = [x for r in full for x in r[n]]  # every window of the server
             row[f"{n}_tokens_per_s"] = round(median([x["tokens_per_s"] for x in mine]), 1)
@@ -506,6 +517,10 @@ def _markdown(rows: list[dict], names: list[str], simultaneous: bool) -> str:
                      f"{r[f'{n}_over_plugin_free_ci95'][1]:.4f}]" for n in CONTRASTS if n in names]
         out.append(f"C={r['concurrency']} (target >= {TARGET}, {r['rounds']} {unit}): " +
                    "; ".join(verdicts + contrasts))
+        if "gpu_util" in r:
+            lo, hi = r["gpu_util_range"]
+            out.append(f"C={r['concurrency']}: the shared GPU ran a kernel {r['gpu_util']:g} % of the time "
+                       f"(median over windows, range {lo:g}-{hi:g}; nvidia-smi utilization.gpu)")
     return "\n".join(out)
 
 
@@ -614,7 +629,8 @@ def main() -> None:
             make = dict(vocab=shape["vocab_size"], layers=layers, fraction=args.steered_fraction,
                         prompt_len=prompt_len, max_tokens=lengths, pool=pool)
             if args.simultaneous:
-                _stretch(load, servers, client, c, make, args, c_end, rounds, watches, save)
+                with GpuBusy() as busy:
+                    _stretch(load, servers, client, c, make, args, c_end, rounds, watches, save, busy)
             else:
                 _rounds(load, servers, client, c, make, args, c_end, rounds, pending, watches, save)
         for s in servers:

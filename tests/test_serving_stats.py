@@ -82,10 +82,12 @@ def test_simultaneous_ratios_pair_the_windows_of_the_same_seconds():
     common = np.random.default_rng(2).uniform(0.7, 1.3, 20)
     samples = [_sample(256, -1, n, 5000.0) for n in names]  # the warm-up: not in the ratios
     for w, f in enumerate(common):
-        samples += [_sample(256, w, "plugin_free", 20000 * f), _sample(256, w, "hotwire", 19600 * f),
-                    _sample(256, w, "plugin_free_2", 20000 * f)]
+        busy = {"gpu_util": 60.0 + w}  # the shared GPU's, the same in every server's row
+        samples += [{**_sample(256, w, "plugin_free", 20000 * f), **busy}, {**_sample(256, w, "hotwire", 19600 * f), **busy},
+                    {**_sample(256, w, "plugin_free_2", 20000 * f), **busy}]
     row, = serve_throughput._summary(samples, [256], names, block=3)
     assert row["rounds"] == 20 and row["block"] == 3
+    assert row["gpu_util"] == 69.5 and row["gpu_util_range"] == [60.0, 79.0]
     assert row["hotwire_over_plugin_free_ci95"] == [0.98, 0.98]
     assert row["hotwire_over_plugin_free_range"] == [0.98, 0.98]
     assert row["plugin_free_2_over_plugin_free"] == 1.0
@@ -176,3 +178,26 @@ def test_pin_moves_every_thread_of_every_process_of_a_server(tmp_path):
         assert proc.cpus == [second]
     finally:
         serving.stop_all([proc])
+
+
+def test_gpu_busy_summarises_the_samples_of_a_window_and_the_run_reports_their_median(tmp_path, monkeypatch):
+    """``gpu_busy.GpuBusy`` reads ``nvidia-smi``'s CSV lines (here a stand-in script printing the
+    same format, with a GPU that reports "[N/A]" once) and keeps only the samples inside a window."""
+    from gpu_busy import GpuBusy
+
+    smi = tmp_path / "nvidia-smi"
+    smi.write_text("#!/bin/sh\nfor u in 90 [N/A] 100 80; do echo \"$u, 1980\"; sleep 0.05; done\nsleep 30\n")
+    smi.chmod(0o755)
+    monkeypatch.setenv("PATH", f"{tmp_path}{os.pathsep}{os.environ['PATH']}")
+    t0 = time.monotonic()
+    with GpuBusy() as busy:
+        deadline = time.monotonic() + 10
+        while len(busy._samples) < 3 and time.monotonic() < deadline:
+            time.sleep(0.02)
+        t1 = time.monotonic()
+    assert busy.between(t0, t1) == {"gpu_util": 90.0, "gpu_util_min": 80.0, "sm_mhz": 1980, "gpu_samples": 3}
+    assert busy.between(t1 + 1, t1 + 2) is None
+    monkeypatch.setenv("PATH", str(tmp_path / "none"))
+    with GpuBusy() as none:
+        pass
+    assert none.between(0, time.monotonic()) is None
