@@ -6,10 +6,11 @@ route table for the layers it holds.
 Per step: one vectorised ``np.repeat`` of request rows over the step's token counts; when that
 token map changed, one upload of it into ``tok_row``, through which the op reads each token's
 entries (decode steps of a steady batch reuse it: positions, not the map, move the token
-windows), and the set of layers the step's requests have entries on, for the op to skip the rest
-(:class:`.steer_op.StepState`). Uploads go through :class:`.staging.HostRing` buffers: on CUDA
-driver copies that keep the GIL, so routing makes no torch call at all (one copy per arriving
-request's row, one for a changed token map).
+windows), and, in a step that steers, the layers the steered requests in flight have entries on,
+for the op to skip the rest (:class:`.steer_op.StepState`; counted as requests come and go).
+Uploads go through :class:`.staging.HostRing` buffers, copies that keep the GIL (CUDA's driver,
+or numpy on the CPU): one per arriving request's row, one for a changed token map. Nothing per
+step lets the GIL go, neither a torch call nor a large numpy operation (``.staging``).
 """
 
 from __future__ import annotations
@@ -52,8 +53,9 @@ class Router:
         # before the commit holds its latest request's)
         self._staged: dict[int, list[tuple[int, int, tuple[int, ...]]]] = {}
         self._tok = np.zeros(0, dtype=np.int32)  # tok_row content on the device, up to its length
-        # [R+1, A]: the armed layers (table positions) each request row has an entry on, on this rank
-        self._row_layers = np.zeros(self.tables.route.shape[:2], dtype=bool)
+        self._layers_of: dict[str, tuple[int, ...]] = {}  # the armed layers (table positions) of each
+        self._users = [0] * shape[0]  # steered requests in flight with an entry on each armed layer
+        self._live: list[int] | None = []  # the layers with users (None: to be counted again)
 
     @property
     def direct(self) -> bool:
@@ -77,8 +79,10 @@ class Router:
                 entries.append((pos, t.k, (t.slot + 1, *t.words)))
         self.active[req_id] = admitted
         self._row_of[req_id] = admitted.row
-        self._row_layers[admitted.row] = False
-        self._row_layers[admitted.row, [pos for pos, _, _ in entries]] = True
+        layers = self._layers_of[req_id] = tuple({pos for pos, _, _ in entries})
+        for pos in layers:
+            self._users[pos] += 1
+        self._live = None
         self._staged[admitted.row] = entries
         self._dirty = True
 
@@ -98,6 +102,9 @@ class Router:
             if admitted is None:
                 continue
             del self._row_of[req_id]
+            for pos in self._layers_of.pop(req_id):
+                self._users[pos] -= 1
+            self._live = None
             self._dirty = True
             if admitted.gates:
                 self._gated_row_done(req_id, admitted)
@@ -133,20 +140,23 @@ class Router:
         Must run after vLLM has settled the batch for the step (order, adds, removals).
         A decode step of an unchanged batch costs two comparisons and nothing else.
         """
-        if not self._dirty and req_ids == self._ids and np.array_equal(num_tokens, self._counts):
+        num_tokens = np.asarray(num_tokens)
+        if not self._dirty and req_ids == self._ids and num_tokens.tobytes() == self._counts.tobytes():
             return
         if self._staged:
             self.commit()
-        self._ids, self._counts, self._dirty = list(req_ids), np.array(num_tokens), False
+        self._ids, self._counts, self._dirty = list(req_ids), num_tokens.copy(), False
         rows = (np.fromiter(map(self._row_of.get, req_ids, repeat(0)), np.int32, len(req_ids)) if self._row_of
                 else None)
         if rows is not None and rows.any():
             tok = np.repeat(rows, num_tokens)
-            self.tables.step.route_layers(np.flatnonzero(self._row_layers[rows].any(0)).tolist())
+            if self._live is None:
+                self._live = [pos for pos, n in enumerate(self._users) if n]
+            self.tables.step.route_layers(self._live)
         else:
             tok = self._tok[:0]
             self.tables.step.route_layers(())
-        if tok.shape == self._tok.shape and np.array_equal(tok, self._tok):
+        if tok.shape == self._tok.shape and tok.tobytes() == self._tok.tobytes():  # ==: a ufunc, may let the GIL go
             return
         n = max(len(tok), len(self._tok))  # the last step's tokens past this one's get the null row
         buf = self._tok_ring.next()

@@ -15,8 +15,10 @@ request arrives or the batch changes. So:
   vLLM's output thread then takes it and the step thread waits for it back (measured on the H200
   at 256 in flight: ~70 µs a call where it costs ~7 µs alone). Slicing a tensor is such a call
   too (``aten::slice`` lets the GIL go, as ``stride(dim)`` does; ``shape``, ``stride()`` and
-  ``data_ptr()`` do not), so where torch copies instead (CPU, or no driver to call), the spans
-  are views made once and kept (:class:`Spans`).
+  ``data_ptr()`` do not), and so do numpy's larger operations (a fancy-index gather or a
+  reduction over more than a few hundred elements), so the routing uses neither. On the CPU the
+  copies are numpy's, into the tables' own memory; where torch copies instead (CUDA without a
+  driver to call), the spans are views made once and kept (:class:`Spans`).
 """
 
 from __future__ import annotations
@@ -80,19 +82,22 @@ def _raw_stream(device: torch.device):
 
 
 class DeviceWords:
-    """A fixed int32 device tensor as flat words, the target of :meth:`HostRing.copy`."""
+    """A fixed int32 device tensor as flat words, the target of :meth:`HostRing.copy` (on the
+    CPU also as the numpy array sharing its memory)."""
 
     def __init__(self, tensor: torch.Tensor):
         assert tensor.dtype == torch.int32 and tensor.is_contiguous()
         self.tensor, self.address, self.spans = tensor, tensor.data_ptr(), Spans(tensor.view(-1))
+        self.host = tensor.view(-1).numpy() if tensor.device.type == "cpu" else None
 
 
 class HostRing:
     """``depth`` int32 host buffers of ``words`` each, used in turn: :meth:`next` hands out the
     next one's numpy view to fill, :meth:`copy` enqueues a span of it into a device tensor.
 
-    On CUDA the buffers are pinned and, where the driver can be called (``direct``), copied by
-    ``cuMemcpyAsync`` on the current stream, holding the GIL; otherwise by a torch copy.
+    No copy makes a torch call (``direct``) where it can: on CUDA the buffers are pinned and copied
+    by the driver's ``cuMemcpyAsync`` on the current stream, on the CPU by numpy, both holding the
+    GIL; on CUDA without a driver to call, by a torch copy.
 
     Reuse contract: a buffer is filled again ``depth`` calls of :meth:`next` later, so the copies
     from it must have run by then. A caller that takes one buffer per engine step needs a depth
@@ -108,14 +113,15 @@ class HostRing:
         self._address = [h.data_ptr() for h in self._host]
         self._spans = [Spans(h) for h in self._host]
         self._memcpy = _driver_memcpy() if cuda else None
+        self._cpu = device.type == "cpu"
         self._device = device
         self._stream = _raw_stream(device) if cuda else None
         self._i = -1
 
     @property
     def direct(self) -> bool:
-        """Are the copies driver calls that keep the GIL (no torch call)?"""
-        return self._memcpy is not None
+        """Do the copies keep the GIL (no torch call)?"""
+        return self._cpu or self._memcpy is not None
 
     def next(self) -> np.ndarray:
         """The next buffer, to fill on the host (its previous contents stay until overwritten)."""
@@ -125,6 +131,9 @@ class HostRing:
     def copy(self, start: int, stop: int, dst: DeviceWords, at: int) -> None:
         """Words ``[start, stop)`` of the current buffer into ``dst``'s words from ``at``, enqueued
         on the current stream (the host does not wait)."""
+        if dst.host is not None:
+            dst.host[at: at + stop - start] = self._np[self._i][start:stop]
+            return
         if self._memcpy is not None:
             rc = self._memcpy(dst.address + 4 * at, self._address[self._i] + 4 * start, 4 * (stop - start),
                               self._stream())

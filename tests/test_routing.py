@@ -39,21 +39,25 @@ def test_route_maps_tokens_to_rows_and_clears_what_it_no_longer_uses(rig):
     assert tables.tok_row.abs().sum() == 0
 
 
-def test_route_names_the_layers_the_steps_requests_have_entries_on(rig):
-    """What the op skips the other layers by, in steps run without a CUDA graph (ARMED = (1, 3))."""
+def test_route_names_the_layers_the_steered_requests_in_flight_have_entries_on(rig):
+    """What the op skips the other layers by, in steps run without a CUDA graph (ARMED = (1, 3)):
+    counted as steered requests come and go, not gathered per step (a gather over the batch lets
+    the GIL go); a step that steers no token names none."""
     tables, router = rig.tables, rig.router
     live = lambda: sorted(i for i in range(len(rig.router.armed.layers))  # noqa: E731
                           if tables.layer(i).data_ptr() in tables.step.live)
     assert live() == [0, 1]  # before any step: every layer (capture and warm-up passes)
     rig.control.write(0, "v", ANY_LAYER, np.ones(H, np.float32), gen=1)
-    rig.step(new=[("one", _spec({"id": "v", "layer": 3}), 3), ("two", _spec({"id": "v", "layer": 1}), 3)])
+    rig.step(new=[("one", _spec({"id": "v", "layer": 3}), 3)])
     router.route(["one", "u"], np.array([1, 1]))
     assert live() == [1]
+    rig.step(new=[("two", _spec({"id": "v", "layer": 1}), 3)])
     router.route(["one", "two"], np.array([1, 1]))
     assert live() == [0, 1]
     rig.step(finished=["one"], new=[("three", _spec({"id": "v", "layer": 1}), 3)])  # row 'one' reused
-    router.route(["three", "u"], np.array([1, 1]))
+    router.route(["three", "two", "u"], np.array([1, 1, 1]))
     assert live() == [0]
+    rig.step(finished=["two", "three"])
     router.route(["u"], np.array([2]))
     assert live() == []
 
@@ -102,15 +106,15 @@ class _DeviceCalls(TorchDispatchMode):
         return func(*args, **(kwargs or {}))
 
 
-def test_without_driver_copies_a_step_with_arrivals_makes_a_copy_per_row_and_one_for_the_tokens(rig):
-    """Where routing uploads are torch copies (CPU; CUDA without a driver to call), each row and
-    the token map is one copy, through views made the first time each span of each buffer is used
-    (once round the rings, no slicing call); a steady step makes none. (On CUDA they are driver
-    copies, no torch call: the GPU test.)"""
+def test_routing_makes_no_torch_call(rig):
+    """Each torch call on the step thread releases the GIL, which in a served engine costs a wait
+    for vLLM's output thread (staging.HostRing): a step with arrivals, a changed batch and a
+    steady one make none (on the CPU the uploads are numpy copies; on CUDA driver copies, the GPU
+    test)."""
     router = rig.router
     rig.control.write(0, "v", ANY_LAYER, np.ones(H, np.float32), gen=1)
     calls, before = [], ()
-    for k in range(5):  # four times round to make the views, the fifth measured
+    for k in range(5):  # round the rings
         a, b = f"a{k}", f"b{k}"
         rig.step(new=[(a, _spec({"id": "v", "layer": 1}), 3), (b, _spec({"id": "v", "layer": 3}), 2)],
                  finished=before)
@@ -120,7 +124,50 @@ def test_without_driver_copies_a_step_with_arrivals_makes_a_copy_per_row_and_one
             with _DeviceCalls() as mode:
                 router.route([a, b, "u"], np.array(counts))
             calls.append(mode.calls)
-    assert calls == [["copy_", "copy_", "copy_"], ["copy_"], []]
+        assert router.tables.tok_row[:6].tolist() == [router.active[a].row, router.active[b].row, 0, 0, 0, 0]
+    assert router.direct and calls == [[], [], []]
+
+
+def test_routing_a_changed_batch_of_256_never_lets_the_gil_go(tmp_path):
+    """Nor does any numpy operation of the routing (a fancy-index gather or a reduction over the
+    batch would: numpy releases the GIL for loops of a few hundred elements). A thread that keeps
+    the GIL for as long as it is let to (a switch interval of 1 s) takes it whenever the routing
+    lets it go: a route then lasts ~1 s instead of microseconds."""
+    import sys
+    import threading
+
+    from engine_rig import ENTRIES
+    from hotwire.engine_plugin.admission import Admitted, Term
+    from hotwire.engine_plugin.routing import Router
+    from hotwire.engine_plugin.steering import ArmedModel, SteeringTables
+
+    armed = tuple(range(28))
+    tables = SteeringTables(slots=8, hidden=H, armed=len(armed), requests=512, entries=ENTRIES, max_tokens=2048,
+                            dtype=torch.float32, device=torch.device("cpu"))
+    router = Router(ArmedModel(tables, armed))
+    ids = [f"r{i}" for i in range(256)]
+    for i, rid in enumerate(ids[::2]):  # half steered, two entries on two layers each
+        terms = (Term(9, 0, 1, 0, 2**31 - 1, 0, 1065353216, 0, 0, 0), Term(18, 0, 2, 0, 2**31 - 1, 0, 1065353216, 0, 0, 0))
+        router.admit(rid, Admitted(i + 1, terms, (1, 2)))
+    counts = [np.ones(256, np.int32), np.ones(256, np.int32)]
+    counts[1][-3:] = 128  # prefills: the token map changes every step
+    router.route(ids, counts[0])
+    stop, old = threading.Event(), sys.getswitchinterval()
+    sys.setswitchinterval(1.0)
+    spinner = threading.Thread(target=lambda: [None for _ in iter(stop.is_set, True)])
+    try:
+        spinner.start()
+        time.sleep(0.01)  # the spinner runs; this thread then waits out its interval for the GIL
+        took = []
+        for k in range(20):
+            t = time.perf_counter()
+            router.route(ids[k % 2:] + ids[:k % 2], counts[k % 2])  # order and counts change
+            took.append(time.perf_counter() - t)
+    finally:
+        stop.set()
+        sys.setswitchinterval(old)
+        spinner.join()
+    assert max(took) < 0.2, f"a route took {max(took):.3f} s: it let the GIL go"
 
 
 def test_a_row_reused_before_its_commit_holds_the_latest_request(rig):
@@ -187,6 +234,22 @@ def test_on_cuda_routing_makes_no_torch_call_and_its_uploads_land(tmp_path):
     a, b = router.active["a"].row, router.active["b"].row
     assert tables.tok_row[:6].tolist() == [a, 0, b, 0, 0, 0]
     assert tables.route[a, 0, 0, 4].view(torch.float32).item() == 2.0 and tables.route[b, 1, 0, 0].item() == 1
+
+
+@pytest.mark.gpu
+def test_a_driver_copy_that_fails_is_done_by_torch_from_then_on(tmp_path, caplog):
+    """A driver that refuses a copy (here one answering CUDA_ERROR_INVALID_VALUE) loses no upload:
+    that copy and every later one go through torch, said once."""
+    rig = Rig(tmp_path, "cuda")
+    router, tables = rig.router, rig.tables
+    router._tok_ring._memcpy = lambda *args: 1
+    rig.control.write(0, "v", ANY_LAYER, np.ones(H, np.float32), gen=1)
+    rig.step(new=[("a", _spec({"id": "v", "layer": 1}), 3)])
+    router.route(["a", "u"], np.array([3, 1]))
+    router.route(["u", "a"], np.array([1, 1]))
+    torch.cuda.synchronize()
+    assert tables.tok_row[:4].tolist() == [0, router.active["a"].row, 0, 0]
+    assert not router.direct and caplog.text.count("cuMemcpyAsync failed") == 1
 
 
 @pytest.mark.gpu
