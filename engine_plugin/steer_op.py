@@ -80,8 +80,9 @@ class GateScratch(NamedTuple):
 
 class StepState:
     """What one engine's op calls need beyond their tensors, for the forward about to run: its gate
-    scratch, and which armed layers have an entry on at this step (``live``: the data pointers of
-    those layers' route views; every layer until the first step is routed, so capture and warm-up
+    scratch, and which armed layers may steer at this step (``live``: the data pointers of those
+    layers' route views; the layers the steered requests in flight have entries on, none in a step
+    that steers no token, every layer until the first step is routed, so capture and warm-up
     passes launch the op everywhere). The router sets ``live`` before each forward; the op finds
     the state through the bank it is given (one per engine). A bank no state is attached to steers
     on every layer, without gates."""
@@ -92,7 +93,7 @@ class StepState:
         self.live = frozenset(self._ptrs)
 
     def route_layers(self, positions: Iterable[int]) -> None:
-        """The layers (positions in the tables) with an entry on at the coming step."""
+        """The layers (positions in the tables) that may steer at the coming step."""
         self.live = frozenset(self._ptrs[i] for i in positions)
 
 
