@@ -14,8 +14,8 @@
 #                                           # at the largest C (needs py-spy on PATH); served tokens/s at
 #                                           # C in flight (default 256; one C per call gives the most
 #                                           # windows), every server under load at once (--simultaneous):
-#                                           # plugin-free vs all armed, half steered, a second plugin-free
-#                                           # server (the A/A control) and the original hotwire-vllm 0.1.2
+#                                           # plugin-free vs all armed, half steered, hotwire sent the same
+#                                           # requests unsteered, and the original hotwire-vllm 0.1.2
 #                                           # when its wheel travelled in .device/original (serve_throughput.py
 #                                           # says how to fetch it); TTFT and tokens/s with the control API
 #                                           # pushing every second
@@ -87,11 +87,11 @@ perf() {  # perf [SHAPE...]: one engine at a time (a neighbour's start-up distur
   done
 }
 
-serve() {  # serve [CONCURRENCY...]: host work, the profile (~3 min), served tokens/s (plugin-free, hotwire, a
-           # second plugin-free and the original when its wheel is here, all at once; ~7.5 min: start-up
-           # of four servers ~2.5 min, then 5 s windows to the 420 s budget), then TTFT under
-           # registration pushes (~5 min)
-  local cs=("$@") servers=(plugin_free hotwire plugin_free_2) original=()
+serve() {  # serve [CONCURRENCY...]: host work, the profile (~3 min), served tokens/s (plugin-free, hotwire,
+           # hotwire sent the same requests unsteered, and the original when its wheel is here, all at
+           # once, every server over every pinned core set; ~7.5 min: start-up ~2.5 min, then 5 s
+           # windows to the 420 s budget), then TTFT under registration pushes (~5 min)
+  local cs=("$@") servers=(plugin_free hotwire hotwire_unsteered) original=()
   local wheel=.device/original/hotwire_vllm-0.1.2-py3-none-any.whl site=/tmp/hotwire-vllm-0.1.2
   [ ${#cs[@]} -eq 0 ] && cs=(256)
   if [ -f "$wheel" ]; then  # in a folder of its own: it has our import package's name (original_plugin.py)
@@ -104,13 +104,13 @@ serve() {  # serve [CONCURRENCY...]: host work, the profile (~3 min), served tok
   wait
   if command -v py-spy >/dev/null; then
     job profile python3 benchmarks/profile_serve.py --simultaneous --shape qwen3-0.6b --concurrency "${cs[-1]}" --seconds 15 --gil-seconds 15 \
-      --out "$out/profile-qwen3-0.6b-c${cs[-1]}.json"
+      --servers plugin_free hotwire_unsteered hotwire --out "$out/profile-qwen3-0.6b-c${cs[-1]}.json"
     wait
   else
     echo "no py-spy on PATH: no profile" >&2
   fi
   job serve python3 benchmarks/serve_throughput.py --simultaneous --shape qwen3-0.6b --concurrency "${cs[@]}" \
-    --budget-s 420 --servers "${servers[@]}" "${original[@]}" --out "$out/serve-qwen3-0.6b-c$(IFS=-; echo "${cs[*]}").json"
+    --budget-s 420 --servers "${servers[@]}" --rotate-cores "${#servers[@]}" "${original[@]}" --out "$out/serve-qwen3-0.6b-c$(IFS=-; echo "${cs[*]}").json"
   wait
   job registration python3 benchmarks/registration_load.py --shape qwen3-0.6b --concurrency 64 --budget-s 265 \
     --window-s 6 --out "$out/registration-qwen3-0.6b.json"
