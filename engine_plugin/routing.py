@@ -47,6 +47,7 @@ class Router:
         self.active: dict[str, Admitted] = {}  # the steered requests in flight, as the engine core admitted them
         self._ids: list[str] = []  # the last step's batch, to skip unchanged decode steps
         self._counts = np.zeros(0, dtype=np.int32)
+        self._rows: np.ndarray | None = None  # [len(_ids)] the request row of each, None: no steered request
         self._dirty = False  # a request arrived or left since the last route()
         self._row_of: dict[str, int] = {}  # request row of each steered request, looked up per step
         # request row -> its entries [(pos, k, words)], admitted since the last commit (a row reused
@@ -138,16 +139,21 @@ class Router:
         """Point each token of this step at its request's row (0 for unsteered requests).
 
         Must run after vLLM has settled the batch for the step (order, adds, removals).
-        A decode step of an unchanged batch costs two comparisons and nothing else.
+        A decode step of an unchanged batch costs two comparisons and nothing else; one whose
+        requests only changed their token counts (the step after a prefill) keeps their rows.
         """
         num_tokens = np.asarray(num_tokens)
-        if not self._dirty and req_ids == self._ids and num_tokens.tobytes() == self._counts.tobytes():
+        same = not self._dirty and req_ids == self._ids
+        if same and num_tokens.tobytes() == self._counts.tobytes():
             return
         if self._staged:
             self.commit()
-        self._ids, self._counts, self._dirty = list(req_ids), num_tokens.copy(), False
-        rows = (np.fromiter(map(self._row_of.get, req_ids, repeat(0)), np.int32, len(req_ids)) if self._row_of
-                else None)
+        self._counts, self._dirty = num_tokens.copy(), False
+        if not same:
+            self._ids = list(req_ids)
+            self._rows = (np.fromiter(map(self._row_of.get, req_ids, repeat(0)), np.int32, len(req_ids))
+                          if self._row_of else None)
+        rows = self._rows
         if rows is not None and rows.any():
             tok = np.repeat(rows, num_tokens)
             if self._live is None:

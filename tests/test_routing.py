@@ -32,6 +32,8 @@ def test_route_maps_tokens_to_rows_and_clears_what_it_no_longer_uses(rig):
     assert row > 0 and tables.route[row].abs().sum() > 0 and tables.route[0].abs().sum() == 0
     router.route(["u", "s", "u2"], np.array([2, 3, 1]))
     assert tables.tok_row[:6].tolist() == [0, 0, row, row, row, 0]
+    router.route(["u", "s", "u2"], np.array([1, 1, 1]))  # the step after the prefill: counts only
+    assert tables.tok_row[:6].tolist() == [0, row, 0, 0, 0, 0]
     router.route(["s"], np.array([1]))  # decode step: shorter batch, stale tail nulled
     assert tables.tok_row[:6].tolist() == [row, 0, 0, 0, 0, 0]
     router.finish(["s"])
