@@ -18,7 +18,8 @@ count read from ``/metrics`` around it; with ``--gil-seconds``, then that long m
 load with ``--gil`` instead of ``--idle`` (only the thread holding the GIL is sampled), summarised
 as the GIL's samples per engine step by thread: who the engine core's one interpreter lock goes to.
 Over the wall window each server's CPU time is read too (``cpu``): its API server's and engine
-core's CPU seconds per second, and the engine core's busiest threads by OS name, in CPU µs per
+core's CPU seconds per second, and the engine core's busiest threads (by their Python names where
+py-spy saw them, else the OS's), in CPU µs per
 engine step (an API server near 1.0 is saturated; a thread's extra µs per step is where a longer
 step's work went, whether or not it is Python).
 Summary per server, for the busiest thread (the step thread): its samples, engine steps, samples

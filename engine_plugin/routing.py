@@ -60,7 +60,8 @@ class Router:
 
     @property
     def direct(self) -> bool:
-        """Are the uploads driver copies that keep the GIL (no torch call on the step thread)?"""
+        """Do the uploads keep the GIL (driver copies on CUDA, numpy on the CPU: no torch call on the
+        step thread)?"""
         return self._rows_ring.direct and self._tok_ring.direct
 
     @property

@@ -87,7 +87,7 @@ class DeviceWords:
 
     def __init__(self, tensor: torch.Tensor):
         assert tensor.dtype == torch.int32 and tensor.is_contiguous()
-        self.tensor, self.address, self.spans = tensor, tensor.data_ptr(), Spans(tensor.view(-1))
+        self.address, self.spans = tensor.data_ptr(), Spans(tensor.view(-1))
         self.host = tensor.view(-1).numpy() if tensor.device.type == "cpu" else None
 
 
@@ -114,7 +114,6 @@ class HostRing:
         self._spans = [Spans(h) for h in self._host]
         self._memcpy = _driver_memcpy() if cuda else None
         self._cpu = device.type == "cpu"
-        self._device = device
         self._stream = _raw_stream(device) if cuda else None
         self._i = -1
 
