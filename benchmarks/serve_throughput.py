@@ -33,7 +33,10 @@ How:
   (``hotwire`` once more: with ``--cores-order`` it tells a cost that follows hotwire from one that
   follows the cores), ``hotwire_unarmed`` (hotwire loaded with ``HOTWIRE_LAYERS`` empty: what it costs
   with nothing to steer; a contrast), ``hotwire_unsteered`` (``hotwire``, sent the same requests
-  without their specs: what the plugin costs while nobody steers; a contrast), ``eager`` (hotwire with ``--enforce-eager``) and ``original``
+  without their specs: what the plugin costs while nobody steers; a contrast), ``hotwire_refused``
+  (``hotwire``, sent the same specs naming vectors it does not hold: each parsed, salted and refused
+  at admission, then run unsteered; what a spec's arrival costs without routing or the op; a
+  contrast), ``eager`` (hotwire with ``--enforce-eager``) and ``original``
   (hotwire-vllm 0.1.2 installed in ``--original-site``, run alone: ``original_plugin.py`` says why that
   takes more than ``PYTHONPATH``, and checks with vLLM's own plugin loader that it loads exactly that
   plugin; the startup vectors as ``.pt`` files, ``HOTWIRE_SLOTS`` = the distinct entries of the spec
@@ -176,7 +179,7 @@ from serving import (RULE_CONFIGS, SERVER_CORES, Load, Server, add_common_args, 
                      median_ci, pool_entries, probe_steering, running, snapshot, start_run, startup_vectors,
                      steer_spec, verdict, wait_ready, window_row, write_vectors)
 from gpu_busy import GpuBusy
-from server_kinds import KINDS, load_of, make_server
+from server_kinds import KINDS, load_of, make_server, refusing
 from simultaneous import CLIENTS_PER_CORE, LoadSet, default_processes, edge, windows
 
 TARGET = 0.99
@@ -190,7 +193,7 @@ MAX_SERVERS = int(1 / GPU_MEMORY_UTILIZATION)  # that many share the GPU
 
 # reported beside plugin-free; the target is on the others
 CONTRASTS = ("eager", "original", "plugin_free_2", "plugin_free_own_compile", "hotwire_unarmed", "hotwire_unsteered",
-             "hotwire_one_graph_unsteered")
+             "hotwire_one_graph_unsteered", "hotwire_refused")
 ORIGINAL_POOL = 128  # specs the steered requests draw from when the original runs: 256 slots
 PROBE_TOKENS = 16
 HOST_FIELDS = ("host_us_per_step", "steady_us_per_step", "changed_us_per_step", "core_us_per_step",
@@ -230,7 +233,7 @@ def _probe(servers: list[Server], client: httpx.Client, layers: tuple[int, int],
            prompt_len: int) -> dict:
     """``serving.probe_steering`` on every server that steers (unsteered answers compared with
     plugin-free's where the engine flags are the same: not the eager one)."""
-    steering = [s for s in servers if KINDS[s.name].plugin or KINDS[s.name].original]
+    steering = [s for s in servers if (KINDS[s.name].plugin and not KINDS[s.name].refused) or KINDS[s.name].original]
     exact = {s.name for s in steering if not KINDS[s.name].eager}
     prompt = np.random.default_rng(7).integers(10, vocab - 10, prompt_len).tolist()
     return probe_steering(servers[0], steering, exact, client, prompt, steer_spec(0, layers), PROBE_TOKENS)
@@ -288,7 +291,7 @@ def _check_pending(server: Server, pending: dict) -> dict[str, int]:
         return server.counters_after(clock_ns())
     row, before, sent, idle_ns = pending.pop(server.name)
     after = server.counters_after(idle_ns)
-    row["steered_counted"] = check_steering(server.name, before, after, sent)
+    row["steered_counted"] = check_steering(server.name, before, after, sent, refusing(server.name))
     return after
 
 
@@ -368,7 +371,8 @@ def _stretch(loads: LoadSet, servers: list[Server], client: httpx.Client, c: int
         mine = sent[s.name]
         stretch[s.name].update(_sent_fields(mine))
         if s.plugin:
-            stretch[s.name]["steered_counted"] = check_steering(s.name, before[s.name], s.counters_after(idle_ns), mine)
+            stretch[s.name]["steered_counted"] = check_steering(s.name, before[s.name], s.counters_after(idle_ns), mine,
+                                                                refusing(s.name))
         _check_log(s, watches)
     result["stretches"][str(c)] = {"client_processes": processes, "seconds": round(time.monotonic() - t0, 1),
                                    "servers": stretch}

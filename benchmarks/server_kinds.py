@@ -3,7 +3,7 @@
 
 Most differ from ``hotwire`` in one setting, so that a ratio between two of them measures that
 setting: how many layers are armed, the second set of CUDA graphs, the plugin loaded with nothing
-armed, a load that steers nothing, a compile of its own for a plugin-free server.
+armed, a load that steers nothing, specs refused at admission, a compile of its own for a plugin-free server.
 """
 
 from __future__ import annotations
@@ -24,6 +24,7 @@ class Kind(NamedTuple):
     original: bool = False
     env: dict[str, str] | None = None
     steers: bool = True  # its load carries the run's specs (False: the same requests, none steered)
+    refused: bool = False  # its load's specs name vectors it does not hold: parsed, salted, refused
 
 
 STEERED = "<steered layers>"  # the layers the benchmark's requests steer, known once the model is built
@@ -40,6 +41,10 @@ KINDS = {
     # the same with one graph set: every step replays the graphs with the op, nothing is routed; beside
     # hotwire_unsteered, what replaying the op's graphs costs; beside hotwire, what steering's host work costs
     "hotwire_one_graph_unsteered": Kind(True, env={"HOTWIRE_IDLE_GRAPHS": "0"}, steers=False),
+    # hotwire sent the same specs naming vectors it does not hold: each is parsed and salted on the
+    # engine core's input thread and refused at admission (counted, logged), then runs unsteered;
+    # beside hotwire_unsteered and hotwire, what a spec's arrival costs apart from routing and the op
+    "hotwire_refused": Kind(True, refused=True),
     # hotwire loaded with no layer armed: its API-server middleware, its request and config patches,
     # and nothing that steers (no tables, no op, no routing, no mailbox)
     "hotwire_unarmed": Kind(False, env={"VLLM_PLUGINS": "hotwire", "HOTWIRE_LAYERS": ""}),
@@ -57,8 +62,16 @@ KINDS = {
 
 def load_of(name: str, make: dict) -> dict:
     """The load-generator arguments (``serving.bodies``) for server ``name``: the run's, without specs
-    for a kind that does not steer."""
-    return make if KINDS[name].steers else {**make, "fraction": 0.0}
+    for a kind that does not steer, naming unknown vectors for one that refuses them."""
+    kind = KINDS[name]
+    if not kind.steers:
+        return {**make, "fraction": 0.0}
+    return {**make, "unknown_ids": True} if kind.refused else make
+
+
+def refusing(name: str) -> str | None:
+    """The reason server ``name`` refuses its load's specs for (``serving.check_steering``), or None."""
+    return "unknown_id" if KINDS[name].refused else None
 
 
 def make_server(name: str, work: Path, model: Path, engine: dict, steered: str, cpus: list[int] | None,

@@ -417,12 +417,16 @@ def _spawned(seconds: float) -> None:
     time.sleep(seconds)
 
 
-def steer_spec(g: int, layers: tuple[int, int]) -> list[dict]:
+UNKNOWN_PREFIX = "unknown-"  # vector ids no server of a run holds (``steer_spec``)
+
+
+def steer_spec(g: int, layers: tuple[int, int], prefix: str = "v") -> list[dict]:
     """The two-entry spec of request ``g`` of a round's stream: its own startup vectors and scales, on
-    the two steered layers. Scales are multiples of 1/16 (exact in JSON and in float32)."""
+    the two steered layers. Scales are multiples of 1/16 (exact in JSON and in float32). Another
+    ``prefix`` names vectors no server holds: the same spec text, refused at admission."""
     l1, l2 = layers
-    return [{"id": f"v{g % N_VECTORS}", "layer": l1, "scale": 0.5 + (g % 17) / 16},
-            {"id": f"v{(g + 7) % N_VECTORS}", "layer": l2, "scale": -0.25 - (g % 13) / 16}]
+    return [{"id": f"{prefix}{g % N_VECTORS}", "layer": l1, "scale": 0.5 + (g % 17) / 16},
+            {"id": f"{prefix}{(g + 7) % N_VECTORS}", "layer": l2, "scale": -0.25 - (g % 13) / 16}]
 
 
 def pool_entries(pool: int, layers: tuple[int, int]) -> set[tuple[str, int, float]]:
@@ -431,12 +435,14 @@ def pool_entries(pool: int, layers: tuple[int, int]) -> set[tuple[str, int, floa
 
 
 def bodies(seed: int, client: int, clients: int, vocab: int, layers: tuple[int, int], fraction: float,
-           prompt_len: int, max_tokens: tuple[int, int], stagger: int = 0, pool: int | None = None):
+           prompt_len: int, max_tokens: tuple[int, int], stagger: int = 0, pool: int | None = None,
+           unknown_ids: bool = False):
     """Endless completion bodies of one load-generator process: random token-id prompts, ``max_tokens``
     uniform in the given range, every ``1/fraction``-th one steered by its own two-entry spec
     (:func:`steer_spec`; with ``pool``, drawn from its first ``pool`` specs instead, a fixed set a
-    server with a fixed slot budget can hold). The same arguments give the same sequence, so every
-    server of a round is sent the same requests, in the same order.
+    server with a fixed slot budget can hold; with ``unknown_ids``, the same specs naming vectors
+    no server holds). The same arguments give the same sequence, so every server of a round is sent
+    the same requests, in the same order.
 
     The first ``stagger`` bodies (one per slot of a closed loop) are the rest of a request already
     under way: a length drawn in proportion to itself, then a uniform point of it (what a slot of a
@@ -453,7 +459,7 @@ def bodies(seed: int, client: int, clients: int, vocab: int, layers: tuple[int, 
         body = {"model": SERVED, "prompt": rng.integers(10, vocab - 10, prompt_len).tolist(),
                 "max_tokens": n, "temperature": 0.0, "ignore_eos": True}
         if math.floor((k + 1) * fraction) > math.floor(k * fraction):
-            spec = steer_spec(g if pool is None else g % pool, layers)
+            spec = steer_spec(g if pool is None else g % pool, layers, UNKNOWN_PREFIX if unknown_ids else "v")
             body["vllm_xargs"] = {"hotwire": json.dumps(spec)}
         yield body
 
@@ -690,11 +696,17 @@ def host_stats(before: dict[str, int], after: dict[str, int], beat_s: float) -> 
     return out
 
 
-def check_steering(name: str, before: dict[str, int], after: dict[str, int], load: dict) -> int:
+def check_steering(name: str, before: dict[str, int], after: dict[str, int], load: dict,
+                   refusing: str | None = None) -> int:
     """hotwire counted every steered request that completed (and no more than were sent), and ran
-    none unsteered. Returns the steered requests it counted."""
-    counted = after["steered_requests"] - before["steered_requests"]
-    refused = {k: v for k, v in after.items() if k.startswith("unsteered_") and v}
+    none unsteered; with ``refusing`` (a load whose specs name unknown vectors), it steered none
+    and refused every one for that reason (``unsteered_<refusing>``) and no other. Returns the
+    requests it counted: steered, or refused."""
+    counter = "steered_requests" if refusing is None else f"unsteered_{refusing}"
+    counted = after.get(counter, 0) - before.get(counter, 0)
+    refused = {k: v for k, v in after.items() if k.startswith("unsteered_") and v and k != counter}
+    if refusing is not None and after["steered_requests"] != before["steered_requests"]:
+        refused["steered_requests"] = after["steered_requests"] - before["steered_requests"]
     if refused or not load["steered_completed"] <= counted <= load["steered_started"]:
         raise SystemExit(f"{name}: {load['steered_started']} steered requests sent, "
                          f"{load['steered_completed']} completed, {counted} counted; mailbox counters {after}")
