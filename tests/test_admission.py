@@ -84,3 +84,25 @@ def test_a_projecting_entry_on_all_layers_without_projection_layers_is_refused(e
                           budget=StreamBudget.of(torch.float32), counters=None)
     result = admission.admit("r", {"hotwire": json.dumps(entry)}, 8)
     assert isinstance(result, Refused) and result.reason == "unarmed_projection", result
+
+
+def test_refusals_are_each_counted_but_logged_once_per_reason_per_period(caplog, monkeypatch):
+    """A client sending refused specs at a high rate must not put a log line per request on the
+    step thread: one line per reason per period, then how many went unlogged (all counted)."""
+    from hotwire.engine_plugin import counters as counters_mod
+
+    clock = [1000.0]
+    monkeypatch.setattr(counters_mod.time, "monotonic", lambda: clock[0])
+    c = counters_mod.Counters()
+    with caplog.at_level("WARNING", logger="vllm.hotwire"):
+        for i in range(50):
+            c.unsteered(f"r{i}", "unknown_id", "no vector 'x' for layer 1")
+        c.unsteered("m0", "malformed", "not JSON")  # another reason has its own line
+        clock[0] += counters_mod.REFUSAL_LOG_PERIOD_S
+        c.unsteered("r50", "unknown_id", "no vector 'x' for layer 1")
+    lines = [r.getMessage() for r in caplog.records]
+    assert c.counts["unsteered_unknown_id"] == 51 and c.counts["unsteered_malformed"] == 1
+    assert lines == ["hotwire: request r0 runs unsteered (unknown_id): no vector 'x' for layer 1",
+                     "hotwire: request m0 runs unsteered (malformed): not JSON",
+                     "hotwire: request r50 runs unsteered (unknown_id): no vector 'x' for layer 1 "
+                     "(49 more since the last such line, counted in unsteered_unknown_id)"]
