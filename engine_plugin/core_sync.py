@@ -3,11 +3,12 @@
 vLLM's engine core schedules every step and sees every request, so the decision of what the
 slot table holds at a step is taken here, once for all ranks (invariant 9).
 
-A daemon thread reads the mailbox every :data:`POLL_S`: it applies the consistent pending
-entries to a :class:`.delta.PendingDelta` (acked at once: they take effect at the next step, and
-nothing is admitted before it), keeps the versions the prefix-cache salt reads, writes the per-slot
-references while a retirement waits on them, and keeps the heartbeat (references, counters and
-step times, every :data:`HEARTBEAT_S`). At each ``Scheduler.schedule()``, on the engine's step thread:
+A daemon thread reads the mailbox whenever it is written (:mod:`.file_watch`; every
+:data:`POLL_S` where writes cannot be watched): it applies the consistent pending entries to a
+:class:`.delta.PendingDelta` (acked at once: they take effect at the next step, and nothing is
+admitted before it), keeps the versions the prefix-cache salt reads, writes the per-slot
+references while a retirement waits on them (every :data:`POLL_S`), and keeps the heartbeat
+(references, counters and step times, every :data:`HEARTBEAT_S`). At each ``Scheduler.schedule()``, on the engine's step thread:
 
 1. apply the delta gathered so far to the registry;
 2. run the step's finishes and arrivals through :class:`.admission.Admission`, which holds the
@@ -48,13 +49,14 @@ from .admission import Admission, Admitted, request_args
 from .config import HotwireConfig
 from .counters import Counters, process_counters
 from .delta import PendingDelta
+from .file_watch import FileWatch
 from .registry import Registry
 from .step_decision import StepDecision
 from .stream_bound import StreamBudget
 
 log = logging.getLogger("vllm.hotwire")
 
-POLL_S = 0.02  # the mailbox thread's period: a registration reaches a step within it
+POLL_S = 0.02  # the mailbox thread's period where it cannot wait for writes, or while a retirement waits
 
 
 def armed_layers(worker: Any) -> list[int]:
@@ -260,12 +262,34 @@ class CoreSync:
                       self.box.path, e)
 
     def _beat(self) -> None:
+        """The mailbox thread: a period whenever the file is written (:class:`.file_watch.FileWatch`),
+        at each heartbeat, and every :data:`POLL_S` while a retirement waits on references; every
+        :data:`POLL_S` where the file cannot be watched. Each wake-up takes the GIL from the step
+        thread, so an idle mailbox costs a heartbeat's worth of them, not one per period."""
+        watch = FileWatch.open(self.box.path)
         beat_at = 0.0
-        while not self._stop.wait(POLL_S) and self.broken is None:
-            due = time.monotonic() >= beat_at
-            if due:
-                beat_at = time.monotonic() + HEARTBEAT_S
-            self.poll(beat=due)
+        try:
+            while not self._stop.is_set() and self.broken is None:
+                due = time.monotonic() >= beat_at
+                if due:
+                    beat_at = time.monotonic() + HEARTBEAT_S
+                self.poll(beat=due)
+                if watch is None:
+                    self._stop.wait(POLL_S)
+                    continue
+                watch.drain()  # this period's own writes; a write before here moved the target:
+                if not self._target_moved():
+                    watch.wait(POLL_S if self.box.retiring else beat_at - time.monotonic())
+        finally:
+            if watch is not None:
+                watch.close()
+
+    def _target_moved(self) -> bool:
+        """Has the control API written since the last period took its writes in (or can the file
+        no longer be read: the next period says so)?"""
+        with self._guard() as usable:
+            return not usable or self.box.target_gen() != self._done
+        return True  # the read failed: the sync has stopped
 
     def close(self) -> None:
         self._stop.set()

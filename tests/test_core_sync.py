@@ -3,13 +3,16 @@ next step, retirements are acked with exact references, torn writes wait, and ev
 at the same step (tests/engine_rig.py: one core, its ranks)."""
 
 import json
+import os
+import time
 
 import numpy as np
 import pytest
 import torch
 
 from engine_rig import SLOTS, H, Rig, Step, make_rank, new_req
-from hotwire.shared.mailbox import ANY_LAYER
+from hotwire.engine_plugin.file_watch import FileWatch
+from hotwire.shared.mailbox import ANY_LAYER, HEARTBEAT_S
 
 
 @pytest.fixture
@@ -62,6 +65,46 @@ def test_a_waiting_retirement_gets_the_references_without_waiting_for_a_heartbea
     rig.step(finished=["r"])
     rig.core.poll()  # a period without the heartbeat
     assert control.reusable(0)
+
+
+def test_the_mailbox_thread_sleeps_until_the_file_is_written(rig, monkeypatch):
+    """Each wake-up of the mailbox thread takes the GIL from vLLM's step thread: an idle mailbox
+    wakes it for the heartbeat only (it woke every 20 ms to look), and a control write is taken
+    in at once."""
+    periods = []
+    poll = rig.core.poll
+    monkeypatch.setattr(rig.core, "poll", lambda beat=False: (periods.append(beat), poll(beat))[1])
+    rig.core._thread.start()
+    try:
+        time.sleep(1.0)
+        idle = len(periods)
+        written = time.monotonic()
+        rig.control.write(0, "v", ANY_LAYER, np.ones(H, np.float32), gen=1)
+        while not rig.control.in_sync():
+            assert time.monotonic() - written < 0.2, "a write waited for the heartbeat"
+            time.sleep(0.001)
+    finally:
+        rig.core.close()
+        rig.core._thread.join(1)
+    assert rig.control.acked(0)
+    assert 2 <= idle <= 2 / HEARTBEAT_S, f"{idle} periods in a second without a write"
+
+
+def test_a_file_watch_wakes_on_another_writer_and_sleeps_otherwise(tmp_path):
+    path = tmp_path / "f"
+    path.write_bytes(b"\0" * 16)
+    watch = FileWatch.open(str(path))
+    assert watch is not None
+    try:
+        assert not watch.wait(0.05) and not watch.drain()
+        fd = os.open(path, os.O_WRONLY)
+        os.pwrite(fd, b"x", 3)
+        os.close(fd)
+        t = time.monotonic()
+        assert watch.wait(5) and time.monotonic() - t < 1
+        assert watch.drain() and not watch.wait(0.05)  # drained: asleep again
+    finally:
+        watch.close()
 
 
 def test_a_slot_reused_at_once_is_rebound_with_the_next_step(rig):
