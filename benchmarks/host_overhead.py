@@ -3,8 +3,9 @@
 Times the plugin's own host code paths with the real Router/Registry/tables (on CUDA when
 available, else CPU), outside vLLM so nothing else is in the numbers:
 
-* ``admit``        per arriving request: the engine core parses (a spec text not seen before) and
-                   resolves it, the rank stages its routing row (once per request)
+* ``admit``        per arriving request: the engine core's input thread parses its spec (a text not
+                   seen before) and makes its prefix-cache salt, the step thread resolves it, the
+                   rank stages its routing row (once per request)
 * ``admit_seen_spec`` the same for a spec text seen before (parsed once, then cached)
 * ``commit``       per step with arrivals: one batched write of the staged rows
 * ``route_steady`` per decode step of an unchanged batch (the common case: no copy at all)
@@ -26,10 +27,12 @@ import platform
 import statistics
 import time
 from pathlib import Path
+from types import SimpleNamespace
 
 import numpy as np
 import torch
 
+from hotwire.engine_plugin import salts
 from hotwire.engine_plugin.admission import Admission
 from hotwire.engine_plugin.stream_bound import StreamBudget
 from hotwire.engine_plugin.counters import Counters
@@ -74,7 +77,9 @@ def main() -> None:
     router = Router(ArmedModel(tables, tuple(range(LAYERS))))
 
     def admit(rid: str, extra: dict) -> None:
-        """What a one-GPU engine does per arriving request: the engine core admits, the rank stages."""
+        """What a one-GPU engine does per arriving request: the engine core salts and admits, the
+        rank stages."""
+        salts.request_salt(SimpleNamespace(extra_args=extra), 32)
         router.finish((rid,))
         admission.finish((rid,))
         router.admit(rid, admission.admit(rid, extra, prompt_len=32))

@@ -27,7 +27,6 @@ texts that mean the same entries share one parsed copy.
 
 from __future__ import annotations
 
-import functools
 import hashlib
 import json
 import math
@@ -38,7 +37,8 @@ import threading
 from collections import OrderedDict
 from typing import Annotated, Any, Literal, Union
 
-from pydantic import BaseModel, ConfigDict, Field, Strict, ValidationError, field_validator, model_validator
+from pydantic import (BaseModel, ConfigDict, Field, Strict, TypeAdapter, ValidationError, field_validator,
+                      model_validator)
 from pydantic_core import PydanticCustomError
 
 SPEC_KEY = "hotwire"
@@ -55,10 +55,12 @@ _SPEC_BYTES = 400  # one parsed Spec: the tuple, its attribute dict, its canonic
 _ENTRY_BYTES = 850  # one SteerEntry and its canonical row, twice (about 830)
 
 _ID_RE = re.compile(ID_PATTERN)
-# json.dumps builds an encoder per call when given options: these are made once (the salt of a
-# steered request is made on the engine core's input thread, whose GIL the step thread shares)
+# The canonical row's JSON (sorted keys, compact); json.dumps builds an encoder per call when given
+# options, so it is made once. Only the reference: :meth:`SteerEntry.canonical_text` writes the
+# same text directly (the salt of a steered request is made on the engine core's input thread,
+# whose GIL the step thread shares).
 _ROW_JSON = json.JSONEncoder(sort_keys=True, separators=(",", ":")).encode
-_VERSIONS_JSON = json.JSONEncoder(sort_keys=True).encode
+_STR_JSON = json.encoder.encode_basestring_ascii  # a JSON string literal (C)
 _F32 = struct.Struct("<f")  # the op computes in float32: a scale is stored as its float32 bits
 
 # JSON types, never coerced: a boolean is not a layer or a scale (``true`` would be 1), text is
@@ -209,7 +211,8 @@ class SteerEntry(BaseModel):
         return where  # type: ignore[return-value]
 
     def canonical(self) -> dict[str, Any]:
-        """Equal steering, equal form; an add on one layer keeps the original form (and salts)."""
+        """Equal steering, equal form; an add on one layer keeps the original form. Its JSON text
+        (sorted keys, compact) is :meth:`canonical_text`."""
         where = self.where
         form: dict[str, Any] = {"id": self.id, "scale": self.scale,
                                 "positions": list(where) if isinstance(where, tuple) else where}
@@ -225,28 +228,68 @@ class SteerEntry(BaseModel):
             form["gate"] = self.gate.model_dump()
         return form
 
+    def canonical_text(self) -> str:
+        """``canonical()`` as JSON with sorted keys and no spaces, written field by field (a third
+        of the encoder's time: this runs for every new spec text on the engine core)."""
+        where = self.where
+        if self.mode == "add" and self.layer is not None and self.gate is None and isinstance(where, str):
+            return (f'{{"id":{_STR_JSON(self.id)},"layer":{int.__repr__(self.layer)},"positions":"{where}",'
+                    f'"scale":{float.__repr__(self.scale)}}}')  # the common entry, in one go
+        parts = []
+        if self.gate is not None:
+            parts.append('"gate":' + _ROW_JSON(self.gate.model_dump()))
+        if self.mode == "clamp":
+            parts.append('"hi":' + _number(self.hi))
+        parts.append('"id":' + _STR_JSON(self.id))
+        if self.layer is not None:
+            parts.append(f'"layer":{int.__repr__(self.layer)}')
+        else:
+            parts.append('"layers":' + ('"all"' if self.layers == "all" else
+                                        "[" + ",".join(map(int.__repr__, self.layers)) + "]"))  # type: ignore[arg-type]
+        if self.mode == "clamp":
+            parts.append('"lo":' + _number(self.lo))
+        if self.mode != "add":
+            parts.append(f'"mode":"{self.mode}"')
+        parts.append('"positions":' + (f"[{int.__repr__(where[0])},{int.__repr__(where[1])}]"
+                                       if isinstance(where, tuple) else f'"{where}"'))
+        parts.append('"scale":' + float.__repr__(self.scale))
+        return "{" + ",".join(parts) + "}"
+
+
+def _number(v: float | None) -> str:
+    """A finite float or None as JSON writes it."""
+    return "null" if v is None else float.__repr__(v)
+
 
 class Spec(tuple):
-    """A parsed spec: its entries in the order written (a tuple of :class:`SteerEntry`), with their
-    canonical texts made once and kept with it. The spec cache shares one ``Spec`` between every
-    request that sends the same text, so the prefix-cache salt of each of them (:func:`cache_salt`,
-    on the engine core's input thread, whose GIL the step thread shares) costs a hash, not the
-    JSON again."""
+    """A parsed spec: its entries in the order written (a tuple of :class:`SteerEntry`), with what
+    its prefix-cache salt reads made once, when it is built: its canonical texts, the ids it reads,
+    whether its tokens depend on the prompt's end. The spec cache shares one ``Spec`` between every
+    request that sends the same text, so the salt of each of them (:func:`cache_salt`, on the
+    engine core's input thread, whose GIL the step thread shares) costs a hash, not the JSON again.
+    (Plain attributes: a ``cached_property`` took a lock per read on Python 3.11.)"""
 
-    @functools.cached_property
-    def _rows(self) -> tuple[str, ...]:
-        return tuple(map(_ROW_JSON, (e.canonical() for e in self)))
+    form: str  # the entries' canonical texts in their order: equal texts for equal steering
+    canonical: str  # the same, order-independent (:func:`canonical_json`)
+    reads: tuple[str, ...]  # the ids of every vector it reads, its entries' and its gates' probes, sorted
+    relative_to_prompt: bool  # does any entry choose its tokens relative to the prompt's end?
 
-    @property
-    def form(self) -> str:
-        """The entries' canonical forms in their order: equal texts for equal steering (entries on
-        one layer are summed in the order written, so order counts)."""
-        return "[" + ",".join(self._rows) + "]"
-
-    @functools.cached_property
-    def canonical(self) -> str:
-        """Order-independent: equal steering gives equal text (:func:`canonical_json`)."""
-        return "[" + ",".join(sorted(self._rows)) + "]"
+    def __new__(cls, entries=()):
+        spec = super().__new__(cls, entries)
+        rows, reads, relative = [], set(), False
+        for e in spec:
+            rows.append(e.canonical_text())
+            reads.add(e.id)
+            if e.gate is not None:
+                reads.add(e.gate.probe)
+                relative = relative or e.gate.scope == "prompt"
+            relative = relative or e.decode_only or e.positions in ("prompt", "generated")
+        spec.form = "[" + ",".join(rows) + "]"  # entries on one layer are summed in the order written
+        rows.sort()
+        spec.canonical = "[" + ",".join(rows) + "]"
+        spec.reads = tuple(sorted(reads))
+        spec.relative_to_prompt = relative  # as SteerEntry.relative_to_prompt
+        return spec
 
 
 def parse_spec(raw: Any) -> Spec:
@@ -267,11 +310,29 @@ def _parse_text(raw: str | bytes) -> Spec:
         return entries
     if len(raw) > MAX_SPEC_CHARS:
         raise SpecError("too_large", f"spec is {len(raw)} characters long, at most {MAX_SPEC_CHARS}")
+    valid = _valid_json(raw)
+    if valid is not None:
+        return _cache.put(raw, Spec(valid))
     try:
         items = json.loads(raw)
     except (ValueError, RecursionError) as e:
         raise SpecError("malformed", f"not JSON: {e}") from None
     return _cache.put(raw, _parse_items(items))
+
+
+_ENTRY_LIST = TypeAdapter(Annotated[list[SteerEntry], Field(max_length=MAX_ENTRIES)])
+
+
+def _valid_json(raw: str | bytes) -> list[SteerEntry] | None:
+    """The entries of a valid spec text, parsed and validated in one pass by pydantic's JSON parser
+    (half the time of ``json.loads`` then validation), or None for any text it does not take: the
+    slower path then finds out why, in the words a refusal gives (:func:`_parse_items`)."""
+    try:
+        if raw.lstrip()[:1] in ("[", b"["):
+            return _ENTRY_LIST.validate_json(raw)
+        return [SteerEntry.model_validate_json(raw)]
+    except ValidationError:
+        return None
 
 
 class _SpecCache:
@@ -383,11 +444,11 @@ def cache_salt(entries: tuple[SteerEntry, ...], versions: dict[str, str] | None 
     ``decode_only``, a prompt-scoped gate): a follow-up chat turn carries the last answer, steered
     as generated tokens, as its prompt.
     """
-    text = canonical_json(entries)
-    if versions:
-        read = sorted({e.id for e in entries} | {e.gate.probe for e in entries if e.gate is not None})
-        text += _VERSIONS_JSON({vid: versions.get(vid, "") for vid in read})
-    if any(e.relative_to_prompt for e in entries):
+    spec = entries if isinstance(entries, Spec) else Spec(entries)
+    text = spec.canonical
+    if versions:  # ids are [A-Za-z0-9._-] and versions the engine's own "epoch/slot:seq,...": no quoting
+        text += "{" + ",".join(f'"{vid}":"{versions.get(vid, "")}"' for vid in spec.reads) + "}"
+    if spec.relative_to_prompt:
         text += f"|prompt_len={prompt_len}"
     return "hotwire:" + hashlib.sha256(text.encode()).hexdigest()[:32]
 

@@ -99,6 +99,47 @@ def test_canonical_form_ignores_order_and_spelling():
     assert cache_salt(a) == cache_salt(b)
 
 
+@pytest.mark.parametrize("entry", [
+    {"id": "a", "layer": 1}, {"id": "v-1.x_2", "layer": 0, "scale": -0.0}, {"id": "a", "layer": 3, "scale": 1e-300},
+    {"id": "a", "layer": 2, "scale": 3.4e38, "decode_only": True}, {"id": "a", "layers": [4, 2], "positions": [3, 9]},
+    {"id": "a", "layers": "all", "mode": "norm", "scale": 0.25}, {"id": "a", "layer": 1, "mode": "ablate"},
+    {"id": "a", "layer": 1, "mode": "clamp", "lo": -1.5}, {"id": "a", "layer": 1, "mode": "clamp", "lo": 0, "hi": 2},
+    {"id": "a", "layer": 2, "positions": "prompt", "gate": {"probe": "p", "layer": 1, "threshold": -2, "scope": "prompt"}},
+])
+def test_an_entrys_canonical_text_is_its_canonical_form_as_sorted_compact_json(entry):
+    """canonical_text writes the text field by field, for speed: it must be the encoder's."""
+    (e,) = parse_spec(entry)
+    assert e.canonical_text() == json.dumps(e.canonical(), sort_keys=True, separators=(",", ":"))
+    spec = parse_spec([entry, {"id": "z", "layer": 0}])
+    assert spec.reads == tuple(sorted({e.id, "z"} | ({e.gate.probe} if e.gate else set())))
+    assert spec.relative_to_prompt == e.relative_to_prompt
+
+
+@pytest.mark.parametrize("text", [
+    '{"id": "a", "layer": 1}', '  [{"id": "a", "layer": 1, "scale": 2}]', b'[{"id": "a", "layer": 1}]',
+    '[{"id": "a", "layer": 1, "layer": 2}]', '[{"id": "\\u0061", "layer": 1}]', '[{"id": "a", "layer": 1.0}]',
+    '[{"id": "a", "layer": true}]', '[{"id": "a", "layer": "1"}]', '[{"id": "a", "layer": 1, "scale": NaN}]',
+    '[{"id": "a", "layer": 1, "scale": 1e400}]', '[{"id": "a", "layer": 100000000000000000000000}]',
+    '[{"id": "a", "layer": 1, "decode_only": 1}]', '[{"id": "a", "layers": [1, 1]}]', '[{"preset": "p"}]',
+    '[{"id": "a", "layer": 1, "positions": [2, 1]}]', '[{"id": "a", "layer": 1, "positions": [0, 5]}]',
+    "[]", "{}", "null", "3", '"a"', "[" + ",".join(['{"id": "a", "layer": 1}'] * 17) + "]",
+    '[{"id": "a", "layer": 2, "gate": {"probe": "p", "layer": 1, "extra": 0}}]',
+    '[{"id": "a", "layer": 1, "mode": "clamp", "lo": 2, "hi": 1}]', '[{"id": "a", "layer": 1}] x',
+])
+def test_the_one_pass_parse_takes_only_what_the_checking_parse_takes_the_same_way(text):
+    """Specs are parsed in one pass by pydantic's JSON parser when it takes the text, else by
+    json.loads and validation, which says why one is refused: the first must never take a text
+    the second refuses, nor read one otherwise."""
+    from hotwire.shared.spec import _parse_items, _valid_json
+
+    fast = _valid_json(text)
+    try:
+        slow = _parse_items(json.loads(text))
+    except (SpecError, ValueError):
+        slow = None
+    assert fast is None or tuple(fast) == tuple(slow)
+
+
 def test_cache_salt_separates_configs_and_vector_versions():
     base = parse_spec({"id": "a", "layer": 1, "scale": 1.0})
     salts = {
