@@ -11,6 +11,12 @@ available, else CPU), outside vLLM so nothing else is in the numbers:
 * ``route_steady`` per decode step of an unchanged batch (the common case: no copy at all)
 * ``route_churn``  per step when the batch changed (one request swapped): rebuild + one H2D copy
 * ``idle``         per step with no steered request in flight
+* ``op_*``         one call of the op on an armed layer in a step run without a CUDA graph (more
+                   tokens than the largest capture size: inductor's code calls it once per armed
+                   layer): ``op_idle_step`` in a step nobody steers, ``op_layer_not_live`` in a
+                   steered step on a layer no request has an entry on (both return before any
+                   launch: the dispatch alone), ``op_layer_live`` on a steered layer (the kernel's
+                   launch too; 512 tokens)
 
 Each is reported twice (medians): ``host_us``, until the call returns, which is what holds up the
 engine's scheduling thread (device work is queued asynchronously), and ``with_device_us``, until
@@ -32,12 +38,13 @@ from types import SimpleNamespace
 import numpy as np
 import torch
 
-from hotwire.engine_plugin import salts
+from hotwire.engine_plugin import idle_graphs, salts
 from hotwire.engine_plugin.admission import Admission
 from hotwire.engine_plugin.stream_bound import StreamBudget
 from hotwire.engine_plugin.counters import Counters
 from hotwire.engine_plugin.registry import Registry
 from hotwire.engine_plugin.routing import Router
+from hotwire.engine_plugin.steer_op import steer_
 from hotwire.engine_plugin.steering import ArmedModel, SteeringTables
 from hotwire.shared.mailbox import ANY_LAYER
 
@@ -124,6 +131,22 @@ def main() -> None:
     admission.finish(ids)
     router.route(ids, ones)
     timings["idle"] = _timed(lambda: router.route(ids, ones), args.repeat)
+
+    x = torch.zeros(512, HIDDEN, dtype=torch.bfloat16, device=device)  # a step's layer output
+    positions = torch.arange(512, device=device)
+    bank, route, tok_row = tables.bank, tables.layer(0), tables.tok_row  # locals, as in inductor's code
+
+    def op_call() -> None:
+        steer_(x, None, positions, bank, route, tok_row)
+
+    idle_graphs.select(True)
+    timings["op_idle_step"] = _timed(op_call, args.repeat)
+    idle_graphs.select(False)
+    tables.step.route_layers([1])
+    timings["op_layer_not_live"] = _timed(op_call, args.repeat)
+    tables.step.route_layers([0])
+    op_call()  # compiles the kernel on CUDA
+    timings["op_layer_live"] = _timed(op_call, args.repeat)
 
     result = {
         "device": torch.cuda.get_device_name(0) if device.type == "cuda" else platform.processor() or "cpu",

@@ -51,7 +51,8 @@ How:
   servers differed by 2.5 % on two sets in session 15) and the load generator to the rest
   (``cpu_plan``: one core per process of the sequential load; simultaneous, all servers' load
   processes, ``CLIENTS_PER_CORE`` to a core; skipped when the CPUs are too few, and within
-  ``taskset`` when run under it). The servers share one GPU: each gets ``--gpu-memory-utilization
+  ``taskset`` when run under it). The servers share one GPU (with ``--mps`` under NVIDIA's
+  Multi-Process Service, their kernels at once rather than in turns: ``mps.py``): each gets ``--gpu-memory-utilization
   0.25`` and an explicit ``--kv-cache-memory-bytes`` (room for every request at the largest
   concurrency, so nothing is preempted).
 * Load: ``/v1/completions`` with random token-id prompts (128 tokens), ``max_tokens`` uniform in
@@ -159,6 +160,7 @@ The original, on a machine without network (``h200.sh serve`` installs it from t
 from __future__ import annotations
 
 import argparse
+import contextlib
 import itertools
 import json
 import os
@@ -179,6 +181,7 @@ from serving import (RULE_CONFIGS, SERVER_CORES, Load, Server, add_common_args, 
                      median_ci, pool_entries, probe_steering, running, snapshot, start_run, startup_vectors,
                      steer_spec, verdict, wait_ready, window_row, write_vectors)
 from gpu_busy import GpuBusy
+from mps import Mps
 from server_kinds import KINDS, load_of, make_server, refusing
 from simultaneous import CLIENTS_PER_CORE, LoadSet, default_processes, edge, windows
 
@@ -560,6 +563,9 @@ def main() -> None:
     ap.add_argument("--original-site", type=Path,
                     help=f"folder holding {original_plugin.DIST} {original_plugin.VERSION} (pip install --no-deps "
                          "--target), for --servers original")
+    ap.add_argument("--mps", action="store_true",
+                    help="run the servers under NVIDIA's Multi-Process Service, so that their kernels share the "
+                         "GPU at once rather than in turns (mps.py says why)")
     add_common_args(ap, clients_help=f"load-generator processes (default {SEQUENTIAL_CLIENTS}; --simultaneous: "
                                      "per server, default one per 128 in flight)")
     args = ap.parse_args()
@@ -609,6 +615,7 @@ def main() -> None:
               "spec_pool": pool, "original": original, "client_processes": clients,
               "cpus": None if plan is None else {**cpus, "clients": plan[1]},
               "env": {k: os.environ[k] for k in ("VLLM_USE_V2_MODEL_RUNNER", RULE_CONFIGS) if k in os.environ},
+              "mps": args.mps,
               "phases_s": {}, "stopped_by": {}, "stretches": {}, "samples": []}
     args.out.parent.mkdir(parents=True, exist_ok=True)
     save = _Save(result, args.out, BLOCK if args.simultaneous else 1)
@@ -617,7 +624,7 @@ def main() -> None:
     pending: dict = {}
     watches = {s.name: original_plugin.LogWatch(s.log) for s in servers if KINDS[s.name].original}
     client = httpx.Client(timeout=30)
-    with running(servers, load, client):
+    with Mps(work) if args.mps else contextlib.nullcontext(), running(servers, load, client):
         for s in servers:
             s.start()
         result["startup_s"] = wait_ready(servers, t0)
