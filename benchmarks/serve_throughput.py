@@ -196,7 +196,7 @@ MAX_SERVERS = int(1 / GPU_MEMORY_UTILIZATION)  # that many share the GPU
 
 # reported beside plugin-free; the target is on the others
 CONTRASTS = ("eager", "original", "plugin_free_2", "plugin_free_own_compile", "hotwire_unarmed", "hotwire_unsteered",
-             "hotwire_one_graph_unsteered", "hotwire_refused")
+             "hotwire_one_graph_unsteered", "hotwire_refused", "hotwire_host_only")
 ORIGINAL_POOL = 128  # specs the steered requests draw from when the original runs: 256 slots
 PROBE_TOKENS = 16
 HOST_FIELDS = ("host_us_per_step", "steady_us_per_step", "changed_us_per_step", "core_us_per_step",
@@ -236,7 +236,8 @@ def _probe(servers: list[Server], client: httpx.Client, layers: tuple[int, int],
            prompt_len: int) -> dict:
     """``serving.probe_steering`` on every server that steers (unsteered answers compared with
     plugin-free's where the engine flags are the same: not the eager one)."""
-    steering = [s for s in servers if (KINDS[s.name].plugin and not KINDS[s.name].refused) or KINDS[s.name].original]
+    steering = [s for s in servers if (KINDS[s.name].plugin and not KINDS[s.name].refused
+                                       and KINDS[s.name].gpu_steers) or KINDS[s.name].original]
     exact = {s.name for s in steering if not KINDS[s.name].eager}
     prompt = np.random.default_rng(7).integers(10, vocab - 10, prompt_len).tolist()
     return probe_steering(servers[0], steering, exact, client, prompt, steer_spec(0, layers), PROBE_TOKENS)

@@ -3,11 +3,13 @@
 
 Most differ from ``hotwire`` in one setting, so that a ratio between two of them measures that
 setting: how many layers are armed, the second set of CUDA graphs, the plugin loaded with nothing
-armed, a load that steers nothing, specs refused at admission, a compile of its own for a plugin-free server.
+armed, a load that steers nothing, specs refused at admission, steering without the op on the GPU, a
+compile of its own for a plugin-free server.
 """
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 from typing import NamedTuple
 
@@ -25,6 +27,7 @@ class Kind(NamedTuple):
     env: dict[str, str] | None = None
     steers: bool = True  # its load carries the run's specs (False: the same requests, none steered)
     refused: bool = False  # its load's specs name vectors it does not hold: parsed, salted, refused
+    gpu_steers: bool = True  # the op runs on the GPU (False: every step idle there, host_only/)
 
 
 STEERED = "<steered layers>"  # the layers the benchmark's requests steer, known once the model is built
@@ -45,6 +48,11 @@ KINDS = {
     # engine core's input thread and refused at admission (counted, logged), then runs unsteered;
     # beside hotwire_unsteered and hotwire, what a spec's arrival costs apart from routing and the op
     "hotwire_refused": Kind(True, refused=True),
+    # hotwire steering on the host as deployed (admission, routing, uploads) while every step replays
+    # the graphs without the op (host_only/sitecustomize.py): beside hotwire, what the op costs on
+    # the GPU; beside plugin-free, what steering's host work costs
+    "hotwire_host_only": Kind(True, env={"PYTHONPATH": str(Path(__file__).parent / "host_only")},
+                              gpu_steers=False),
     # hotwire loaded with no layer armed: its API-server middleware, its request and config patches,
     # and nothing that steers (no tables, no op, no routing, no mailbox)
     "hotwire_unarmed": Kind(False, env={"VLLM_PLUGINS": "hotwire", "HOTWIRE_LAYERS": ""}),
@@ -84,5 +92,7 @@ def make_server(name: str, work: Path, model: Path, engine: dict, steered: str, 
     own = str(work / f"{name}-own")
     env = None if kind.env is None else {k: v.replace(STEERED, steered).replace(OWN_DIR, own)
                                          for k, v in kind.env.items()}
+    if env is not None and "PYTHONPATH" in env and os.environ.get("PYTHONPATH"):  # in front of this run's
+        env["PYTHONPATH"] += os.pathsep + os.environ["PYTHONPATH"]
     return Server(name, work, model, {**engine, "enforce_eager": True} if kind.eager else engine, plugin=kind.plugin,
                   vectors=work / "vectors", cpus=cpus, env=env)
