@@ -1,0 +1,33 @@
+"""Benchmark only: server kinds that keep the op off the GPU where hotwire would run it
+(``server_kinds.py``: ``hotwire_host_only``, ``hotwire_graphs_only``) put this folder on their
+``PYTHONPATH``, so that Python imports this module at start in every process of the server.
+``BENCH_OP_OFF`` says where the op stays off:
+
+* ``all``: every step replays the graphs without the op and a step run without a graph launches
+  none (``idle_graphs.select`` is always told "idle"), while the router still admits, stages and
+  uploads as deployed. Beside ``hotwire``: what the op costs on the GPU; beside plugin-free: what
+  steering's host work costs.
+* ``eager``: steered steps replay the graphs with the op as deployed, but once vLLM has captured
+  its graphs a step run without one (more tokens than the largest capture size) launches none.
+  Beside ``hotwire``: what the op's launches from Python cost in those steps.
+"""
+
+import os
+
+from hotwire.engine_plugin import engine, idle_graphs, steer_op
+
+where = os.environ.get("BENCH_OP_OFF")
+if where == "all":
+    _select = idle_graphs.select
+    idle_graphs.select = lambda idle: _select(True)
+elif where == "eager":
+    captured = False
+    _report, _runs = engine.Steerer.report_capture, steer_op._runs
+
+    def report_capture(self) -> None:
+        global captured
+        captured = True
+        _report(self)
+
+    engine.Steerer.report_capture = report_capture
+    steer_op._runs = lambda bank, route: (False, None) if captured else _runs(bank, route)
