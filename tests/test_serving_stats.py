@@ -201,3 +201,18 @@ def test_gpu_busy_summarises_the_samples_of_a_window_and_the_run_reports_their_m
     with GpuBusy() as none:
         pass
     assert none.between(0, time.monotonic()) is None
+
+
+def test_pair_ratio_pairs_two_servers_window_by_window_without_the_warm_up():
+    import pair_ratio
+
+    def sample(server, rnd, tokens, step_ms, c=256):
+        return {"server": server, "round": rnd, "concurrency": c, "tokens_per_s": tokens, "step_ms": step_ms}
+
+    samples = [sample("a", -1, 100.0, 10.0), sample("b", -1, 10.0, 99.0)]  # warm-up: left out
+    for r, base in enumerate([100.0, 120.0, 90.0]):
+        samples += [sample("a", r, base, 10.0), sample("b", r, 0.9 * base, 11.0), sample("pf", r, 1.0, 1.0)]
+    samples.append(sample("a", 3, 100.0, 10.0))  # b did not report this window: no pair
+    rows = pair_ratio.pair(samples, "a", "b")
+    assert list(rows) == [256]
+    assert rows[256]["tokens"] == pytest.approx([0.9] * 3) and rows[256]["steps"] == pytest.approx([1.1] * 3)
