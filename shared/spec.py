@@ -282,13 +282,12 @@ class Spec(tuple):
             reads.add(e.id)
             if e.gate is not None:
                 reads.add(e.gate.probe)
-                relative = relative or e.gate.scope == "prompt"
-            relative = relative or e.decode_only or e.positions in ("prompt", "generated")
+            relative = relative or e.relative_to_prompt
         spec.form = "[" + ",".join(rows) + "]"  # entries on one layer are summed in the order written
         rows.sort()
         spec.canonical = "[" + ",".join(rows) + "]"
         spec.reads = tuple(sorted(reads))
-        spec.relative_to_prompt = relative  # as SteerEntry.relative_to_prompt
+        spec.relative_to_prompt = relative
         return spec
 
 
