@@ -18,7 +18,6 @@ import json
 from pathlib import Path
 
 from serving import median, median_ci
-from serve_throughput import BLOCK
 
 
 def pair(samples: list[dict], a: str, b: str) -> dict[int, dict]:
@@ -36,16 +35,25 @@ def pair(samples: list[dict], a: str, b: str) -> dict[int, dict]:
     return out
 
 
+def report(samples: list[dict], a: str, b: str, block: int) -> list[str]:
+    """One line per concurrency: ``b / a`` tokens/s, its interval, and the step-time ratio."""
+    lines = []
+    for c, row in pair(samples, a, b).items():
+        lo, hi = median_ci(row["tokens"], block)
+        lines.append(f"C={c}: {b}/{a} tokens/s {median(row['tokens']):.4f} [{lo:.4f}-{hi:.4f}] over "
+                     f"{len(row['tokens'])} windows; ms per step {median(row['steps']):.4f}")
+    return lines
+
+
 def main() -> None:
+    from serve_throughput import BLOCK
+
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("result", type=Path, help="a serve_throughput.py --simultaneous JSON")
     ap.add_argument("a", help="the server in the denominator")
     ap.add_argument("b", help="the server in the numerator")
     args = ap.parse_args()
-    for c, row in pair(json.loads(args.result.read_text())["samples"], args.a, args.b).items():
-        lo, hi = median_ci(row["tokens"], BLOCK)
-        print(f"C={c}: {args.b}/{args.a} tokens/s {median(row['tokens']):.4f} [{lo:.4f}-{hi:.4f}] over "
-              f"{len(row['tokens'])} windows; ms per step {median(row['steps']):.4f}")
+    print("\n".join(report(json.loads(args.result.read_text())["samples"], args.a, args.b, BLOCK)))
 
 
 if __name__ == "__main__":

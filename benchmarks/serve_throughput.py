@@ -96,7 +96,9 @@ How:
   in blocks of ``BLOCK`` (3) consecutive windows, since windows back to back may be correlated,
   ``serving.median_ci``), and a verdict: "met" or "not met" only when the interval lies on one side
   of 0.99 (and at least ``MIN_ROUNDS`` rounds, or ``MIN_ROUNDS`` blocks of windows, ran),
-  "unresolved" otherwise; ``resolved``: the interval is narrower than 2 %.
+  "unresolved" otherwise; ``resolved``: the interval is narrower than 2 %. Simultaneous, also
+  ``hotwire`` over every other hotwire kind window by window (``pair_ratio.py``), which cancels
+  what the two share.
 * Where the time goes, per window: engine steps (``vllm:iteration_tokens_total``) and wall ms per
   step, CPU seconds per server process (API server, engine core; CUDA's spin-wait counts as busy)
   and of the load generator, and for hotwire servers hotwire's own host time from its mailbox
@@ -177,6 +179,7 @@ import httpx
 import numpy as np
 
 import original_plugin
+import pair_ratio
 from hotwire.shared.mailbox import clock_ns
 from hotwire.tools.tiny_model import benchmark_model, steered_layers
 from serving import (RULE_CONFIGS, SERVER_CORES, Load, Server, add_common_args, check_steering, cpu_plan, engine_args, median,
@@ -660,6 +663,9 @@ def main() -> None:
           f"{args.window_s:g} s after {args.settle_s:g} s, phases {result['phases_s']}"
           + (" (smoke: the numbers mean nothing)" if args.smoke else "") + "\n")
     print(_markdown(result["rows"], names, args.simultaneous))
+    if args.simultaneous and "hotwire" in names:  # hotwire beside each other hotwire kind, window by window
+        for other in [n for n in names if KINDS[n].plugin and n != "hotwire"]:
+            print("\n".join(pair_ratio.report(result["samples"], other, "hotwire", BLOCK)))
 
 
 if __name__ == "__main__":
