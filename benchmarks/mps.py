@@ -26,9 +26,10 @@ class Mps:
     def __init__(self, work: Path):
         self.pipes, self.logs = work / "mps-pipe", work / "mps-log"
         self._env: dict[str, str | None] = {}
+        self._control: str | None = None
 
     def __enter__(self) -> "Mps":
-        control = shutil.which(CONTROL)
+        control = self._control = shutil.which(CONTROL)
         if control is None:
             raise SystemExit(f"--mps: no {CONTROL} on PATH (it comes with NVIDIA's driver utilities)")
         self.pipes.mkdir(parents=True, exist_ok=True)
@@ -40,7 +41,7 @@ class Mps:
         return self
 
     def __exit__(self, *exc) -> None:
-        subprocess.run([CONTROL], input=b"quit\n", check=False)
+        subprocess.run([self._control], input=b"quit\n", check=False)
         for name, value in self._env.items():
             if value is None:
                 os.environ.pop(name, None)

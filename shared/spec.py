@@ -56,9 +56,9 @@ _ENTRY_BYTES = 850  # one SteerEntry and its canonical row, twice (about 830)
 
 _ID_RE = re.compile(ID_PATTERN)
 # The canonical row's JSON (sorted keys, compact); json.dumps builds an encoder per call when given
-# options, so it is made once. Only the reference: :meth:`SteerEntry.canonical_text` writes the
-# same text directly (the salt of a steered request is made on the engine core's input thread,
-# whose GIL the step thread shares).
+# options, so it is made once. :meth:`SteerEntry.canonical_text` writes the same text field by field
+# and uses it for a gate only (the salt of a steered request is made on the engine core's input
+# thread, whose GIL the step thread shares).
 _ROW_JSON = json.JSONEncoder(sort_keys=True, separators=(",", ":")).encode
 _STR_JSON = json.encoder.encode_basestring_ascii  # a JSON string literal (C)
 _F32 = struct.Struct("<f")  # the op computes in float32: a scale is stored as its float32 bits

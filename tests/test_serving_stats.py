@@ -213,6 +213,8 @@ def test_pair_ratio_pairs_two_servers_window_by_window_without_the_warm_up():
     for r, base in enumerate([100.0, 120.0, 90.0]):
         samples += [sample("a", r, base, 10.0), sample("b", r, 0.9 * base, 11.0), sample("pf", r, 1.0, 1.0)]
     samples.append(sample("a", 3, 100.0, 10.0))  # b did not report this window: no pair
+    samples += [sample("a", 4, 0.0, 10.0), sample("b", 4, 50.0, 11.0)]  # a starved (smoke): NaN, no error
     rows = pair_ratio.pair(samples, "a", "b")
     assert list(rows) == [256]
-    assert rows[256]["tokens"] == pytest.approx([0.9] * 3) and rows[256]["steps"] == pytest.approx([1.1] * 3)
+    assert rows[256]["tokens"][:3] == pytest.approx([0.9] * 3) and rows[256]["steps"] == pytest.approx([1.1] * 4)
+    assert np.isnan(rows[256]["tokens"][3])
