@@ -135,6 +135,7 @@ def test_routing_a_changed_batch_of_256_never_lets_the_gil_go(tmp_path):
     batch would: numpy releases the GIL for loops of a few hundred elements). A thread that keeps
     the GIL for as long as it is let to (a switch interval of 1 s) takes it whenever the routing
     lets it go: a route then lasts ~1 s instead of microseconds."""
+    import gc
     import sys
     import threading
 
@@ -155,6 +156,10 @@ def test_routing_a_changed_batch_of_256_never_lets_the_gil_go(tmp_path):
     counts[1][-3:] = 128  # prefills: the token map changes every step
     router.route(ids, counts[0])
     stop, old = threading.Event(), sys.getswitchinterval()
+    # Earlier tests' garbage: a collection in the loop would run its finalizers (a file closed lets
+    # the GIL go), which is not the routing's doing. So collect it now and let none run in the loop.
+    gc.collect()
+    gc.disable()
     sys.setswitchinterval(1.0)
     spinner = threading.Thread(target=lambda: [None for _ in iter(stop.is_set, True)])
     try:
@@ -168,6 +173,7 @@ def test_routing_a_changed_batch_of_256_never_lets_the_gil_go(tmp_path):
     finally:
         stop.set()
         sys.setswitchinterval(old)
+        gc.enable()
         spinner.join()
     assert max(took) < 0.2, f"a route took {max(took):.3f} s: it let the GIL go"
 
