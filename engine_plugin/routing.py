@@ -8,9 +8,10 @@ token map changed, one upload of it into ``tok_row``, through which the op reads
 entries (decode steps of a steady batch reuse it: positions, not the map, move the token
 windows), and, in a step that steers, the layers the steered requests in flight have entries on,
 for the op to skip the rest (:class:`.steer_op.StepState`; counted as requests come and go).
-Uploads go through :class:`.staging.HostRing` buffers, copies that keep the GIL (CUDA's driver,
-or numpy on the CPU): one per arriving request's row, one for a changed token map. Nothing per
-step lets the GIL go, neither a torch call nor a large numpy operation (``.staging``).
+Uploads go through :class:`.staging.HostRing` buffers, filled and copied in ways that keep the
+GIL (``memoryview`` copies, then CUDA's driver): one per arriving request's row, one for a changed
+token map. Nothing per step lets the GIL go, neither a torch call nor a large numpy operation
+(``.staging``).
 """
 
 from __future__ import annotations
@@ -25,7 +26,7 @@ import torch
 from .admission import Admitted, Term
 from .gate_report import GateReport
 from .interventions import PROBE
-from .staging import DeviceWords, HostRing
+from .staging import DeviceWords, HostRing, clear, put
 from .steering import ArmedModel
 
 log = logging.getLogger("vllm.hotwire")
@@ -46,7 +47,7 @@ class Router:
         self._route_words, self._tok_words = DeviceWords(self.tables.route), DeviceWords(self.tables.tok_row)
         self.active: dict[str, Admitted] = {}  # the steered requests in flight, as the engine core admitted them
         self._ids: list[str] = []  # the last step's batch, to skip unchanged decode steps
-        self._counts = np.zeros(0, dtype=np.int32)
+        self._counts = b""  # the last step's token counts, as bytes
         self._rows: np.ndarray | None = None  # [len(_ids)] the request row of each, None: no steered request
         self._dirty = False  # a request arrived or left since the last route()
         self._row_of: dict[str, int] = {}  # request row of each steered request, looked up per step
@@ -126,8 +127,9 @@ class Router:
         if not self._staged:
             return
         m, w, shape = len(self._staged), self._row_words, self.tables.route.shape[1:]  # shape: [A, K, 8]
-        route = self._rows_ring.next()[: m * w].reshape(m, *shape)
-        route[:] = 0
+        buf = self._rows_ring.next()
+        clear(buf, 0, m * w)
+        route = buf[: m * w].reshape(m, *shape)
         for i, entries in enumerate(self._staged.values()):
             for pos, k, words in entries:
                 route[i, pos, k] = words
@@ -143,19 +145,21 @@ class Router:
         A decode step of an unchanged batch costs two comparisons and nothing else; one whose
         requests only changed their token counts (the step after a prefill) keeps their rows.
         """
-        num_tokens = np.asarray(num_tokens)
+        counts = np.asarray(num_tokens).tobytes()
         same = not self._dirty and req_ids == self._ids
-        if same and num_tokens.tobytes() == self._counts.tobytes():
+        if same and counts == self._counts:
             return
         if self._staged:
             self.commit()
-        self._counts, self._dirty = num_tokens.copy(), False
+        self._counts, self._dirty = counts, False
         if not same:
             self._ids = list(req_ids)
-            self._rows = (np.fromiter(map(self._row_of.get, req_ids, repeat(0)), np.int32, len(req_ids))
-                          if self._row_of else None)
+            rows = (np.fromiter(map(self._row_of.get, req_ids, repeat(0)), np.int32, len(req_ids))
+                    if self._row_of else None)
+            # None: no steered request in the batch (bytes compared, not a reduction: .staging)
+            self._rows = rows if rows is not None and rows.tobytes() != bytes(rows.nbytes) else None
         rows = self._rows
-        if rows is not None and rows.any():
+        if rows is not None:
             tok = np.repeat(rows, num_tokens)
             if self._live is None:
                 self._live = [pos for pos, n in enumerate(self._users) if n]
@@ -167,7 +171,7 @@ class Router:
             return
         n = max(len(tok), len(self._tok))  # the last step's tokens past this one's get the null row
         buf = self._tok_ring.next()
-        buf[: len(tok)] = tok
-        buf[len(tok): n] = 0
+        put(buf, 0, tok)
+        clear(buf, len(tok), n)
         self._tok_ring.copy(0, n, self._tok_words, 0)
         self._tok = tok

@@ -15,10 +15,11 @@ request arrives or the batch changes. So:
   vLLM's output thread then takes it and the step thread waits for it back (measured on the H200
   at 256 in flight: ~70 µs a call where it costs ~7 µs alone). Slicing a tensor is such a call
   too (``aten::slice`` lets the GIL go, as ``stride(dim)`` does; ``shape``, ``stride()`` and
-  ``data_ptr()`` do not), and so do numpy's larger operations (a fancy-index gather or a
-  reduction over more than a few hundred elements), so the routing uses neither. On the CPU the
-  copies are numpy's, into the tables' own memory; where torch copies instead (CUDA without a
-  driver to call), the spans are views made once and kept (:class:`Spans`).
+  ``data_ptr()`` do not), and so do numpy's larger operations: a fancy-index gather, and a copy,
+  fill or reduction of more than 500 elements. So the routing uses no gather or reduction, and
+  fills its buffers through :func:`put` and :func:`clear` (CPython's ``memoryview`` copies). On
+  the CPU the copies are those too, into the tables' own memory; where torch copies instead (CUDA
+  without a driver to call), the spans are views made once and kept (:class:`Spans`).
 """
 
 from __future__ import annotations
@@ -51,6 +52,23 @@ def _driver_memcpy():
     fn.argtypes = (ctypes.c_uint64, ctypes.c_uint64, ctypes.c_size_t, ctypes.c_void_p)
     fn.restype = ctypes.c_int
     return fn
+
+
+def put(dst: np.ndarray, at: int, src: np.ndarray) -> None:
+    """``dst[at: at + len(src)] = src`` for 1-D arrays of one dtype, keeping the GIL: numpy lets
+    it go to copy or fill more than 500 elements, CPython's ``memoryview`` copy does not."""
+    memoryview(dst)[at: at + len(src)] = memoryview(src)
+
+
+def clear(dst: np.ndarray, start: int, stop: int) -> None:
+    """``dst[start:stop] = 0`` for a 1-D int32 array, keeping the GIL (:func:`put`)."""
+    global _ZEROS
+    if len(_ZEROS) < stop - start:
+        _ZEROS = np.zeros(max(stop - start, 2 * len(_ZEROS)), dtype=np.int32)
+    put(dst, start, _ZEROS[: stop - start])
+
+
+_ZEROS = np.zeros(4096, dtype=np.int32)
 
 
 class Spans:
@@ -131,7 +149,7 @@ class HostRing:
         """Words ``[start, stop)`` of the current buffer into ``dst``'s words from ``at``, enqueued
         on the current stream (the host does not wait)."""
         if dst.host is not None:
-            dst.host[at: at + stop - start] = self._np[self._i][start:stop]
+            put(dst.host, at, self._np[self._i][start:stop])
             return
         if self._memcpy is not None:
             rc = self._memcpy(dst.address + 4 * at, self._address[self._i] + 4 * start, 4 * (stop - start),

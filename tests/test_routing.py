@@ -131,10 +131,11 @@ def test_routing_makes_no_torch_call(rig):
 
 
 def test_routing_a_changed_batch_of_256_never_lets_the_gil_go(tmp_path):
-    """Nor does any numpy operation of the routing (a fancy-index gather or a reduction over the
-    batch would: numpy releases the GIL for loops of a few hundred elements). A thread that keeps
-    the GIL for as long as it is let to (a switch interval of 1 s) takes it whenever the routing
-    lets it go: a route then lasts ~1 s instead of microseconds."""
+    """Nor does any numpy operation of the routing, arrivals included (a fancy-index gather, or a
+    copy, fill or reduction of more than 500 elements would: the token map of a step with
+    prefills, a staged row). A thread that keeps the GIL for as long as it is let to (a switch
+    interval of 1 s) takes it whenever the routing lets it go, if it wakes before the routing
+    takes the GIL back: a route then lasts ~1 s instead of microseconds."""
     import gc
     import sys
     import threading
@@ -166,10 +167,14 @@ def test_routing_a_changed_batch_of_256_never_lets_the_gil_go(tmp_path):
         spinner.start()
         time.sleep(0.01)  # the spinner runs; this thread then waits out its interval for the GIL
         took = []
-        for k in range(20):
+        for k in range(200):  # the GIL is taken only when the spinner wakes in time: give it many chances
+            j = k % 128
             t = time.perf_counter()
+            router.admit(ids[1 + 2 * j], Admitted(200 + j, terms, (1, 2)))  # a row staged, written by route()
             router.route(ids[k % 2:] + ids[:k % 2], counts[k % 2])  # order and counts change
             took.append(time.perf_counter() - t)
+            if took[-1] > 0.2:
+                break
     finally:
         stop.set()
         sys.setswitchinterval(old)
