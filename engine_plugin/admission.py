@@ -16,12 +16,16 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any, NamedTuple
 
-from hotwire.shared.spec import NO_END, PROJECTION_MODES, Gate, SpecError, SteerEntry, parse_spec, spec_from_extra_args
+from hotwire.shared.spec import (NO_END, PROJECTION_MODES, Gate, Spec, SpecError, SteerEntry, parse_spec,
+                                 spec_from_extra_args)
 
 from .counters import Counters
 from .interventions import coefficient_words, probe_words
 from .registry import Registry
 from .stream_bound import Change, StreamBudget, change
+
+
+RESOLVED_KEPT = 4096  # resolutions kept (Admission._resolve_seen); all dropped when full
 
 
 def prompt_length(request: Any) -> int:
@@ -94,6 +98,8 @@ class Admission:
         self.projecting = frozenset(projecting)  # HOTWIRE_PROJECTION_LAYERS: where h can be read
         self.active: dict[str, Admitted] = {}
         self._free = list(range(requests, 0, -1))  # request row 0 is the null row
+        # (spec's form, prompt length where the spec reads it) -> (registry.binding_changes, resolved)
+        self._resolved: dict[tuple[str, int], tuple[int, tuple[tuple[Term, ...], tuple[int, ...]]]] = {}
 
     def admit(self, req_id: str, extra_args: dict[str, Any] | None, prompt_len: int) -> Admitted | Refused | None:
         """Bind a new (or re-sent) request to a row; or why it runs unsteered (counted); None when
@@ -106,7 +112,7 @@ class Admission:
             entries = parse_spec(raw)
             if not entries:
                 return None
-            terms, slots = self._resolve(entries, prompt_len)
+            terms, slots = self._resolve_seen(entries, prompt_len)
             if not self._free:
                 raise SpecError("table_full", f"all {len(self.active)} request rows are in use")
         except SpecError as e:
@@ -130,6 +136,21 @@ class Admission:
                 self._free.append(admitted.row)
                 gone.append(req_id)
         return gone
+
+    def _resolve_seen(self, spec: Spec, prompt_len: int) -> tuple[tuple[Term, ...], tuple[int, ...]]:
+        """:meth:`_resolve`, kept per spec (and per prompt length for a spec whose tokens depend
+        on it) until a slot binding changes: what a resolution reads besides the spec (the armed
+        layers, the budget) is fixed, and requests of one preset or client send the same spec.
+        Refusals are not kept."""
+        key = (spec.form, prompt_len if spec.relative_to_prompt else -1)
+        kept = self._resolved.get(key)
+        if kept is not None and kept[0] == self.registry.binding_changes:
+            return kept[1]
+        resolved = self._resolve(spec, prompt_len)
+        if len(self._resolved) >= RESOLVED_KEPT:
+            self._resolved.clear()
+        self._resolved[key] = (self.registry.binding_changes, resolved)
+        return resolved
 
     def _resolve(self, entries: tuple[SteerEntry, ...], prompt_len: int) -> tuple[tuple[Term, ...], tuple[int, ...]]:
         terms: list[Term] = []

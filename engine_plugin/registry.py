@@ -27,10 +27,12 @@ class Registry:
         self.absmax = np.zeros(n_slots, dtype=np.float64)  # max |row| of each bound slot
         self.norm = np.zeros(n_slots, dtype=np.float64)  # ‖row‖ of each bound slot, in the bank's dtype
         self.refs_changed = False  # hold/release since the references were last published
+        self.binding_changes = 0  # binds and unbinds so far: a resolution made at another count is stale
 
     def bind(self, slot: int, vector_id: str, layer: int, gen: int, absmax: float, norm: float) -> None:
         """Make ``slot`` the newest home of ``(vector_id, layer)``; a reused slot starts unused."""
         self.unbind(slot)
+        self.binding_changes += 1
         self._where[(vector_id, layer)] = slot
         self._key[slot] = (vector_id, layer)
         self.versions[vector_id] = max(gen, self.versions.get(vector_id, 0))
@@ -40,6 +42,8 @@ class Registry:
 
     def unbind(self, slot: int) -> None:
         key = self._key.pop(slot, None)
+        if key is not None:
+            self.binding_changes += 1
         if key is not None and self._where.get(key) == slot:
             del self._where[key]
             if not any(k[0] == key[0] for k in self._where):

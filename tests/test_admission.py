@@ -106,3 +106,26 @@ def test_refusals_are_each_counted_but_logged_once_per_reason_per_period(caplog,
                      "hotwire: request m0 runs unsteered (malformed): not JSON",
                      "hotwire: request r50 runs unsteered (unknown_id): no vector 'x' for layer 1 "
                      "(49 more since the last such line, counted in unsteered_unknown_id)"]
+
+
+def test_a_spec_seen_before_resolves_against_the_bindings_of_now():
+    """Resolutions are kept per spec (Admission._resolve_seen), but never past a change of binding:
+    after a replace (new slot bound, old one retired) the same spec text holds the new slot, and
+    after the vector is gone it is refused; a spec whose window ends with the prompt gets each
+    prompt's window."""
+    registry = Registry(4)
+    registry.bind(0, "v", ANY_LAYER, 1, 1.0, 1.0)
+    admission = Admission(registry, armed=range(4), entries=4, requests=8,
+                          budget=StreamBudget.of(torch.float32), counters=None)
+    add = _spec({"id": "v", "layer": 1, "scale": 2.0})
+    assert admission.admit("a", add, 8).slots == (0,)
+    registry.bind(1, "v", ANY_LAYER, 2, 1.0, 1.0)  # the replace: newest wins
+    registry.unbind(0)
+    assert admission.admit("b", add, 8).slots == (1,)
+    registry.unbind(1)
+    refused = admission.admit("c", add, 8)
+    assert isinstance(refused, Refused) and refused.reason == "unknown_id"
+    registry.bind(2, "v", ANY_LAYER, 3, 1.0, 1.0)
+    prompt = _spec({"id": "v", "layer": 1, "positions": "prompt"})
+    windows = [admission.admit(f"p{n}", prompt, n).terms[0][3:5] for n in (5, 9, 5)]
+    assert windows == [(0, 5), (0, 9), (0, 5)]
