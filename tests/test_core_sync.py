@@ -67,6 +67,31 @@ def test_a_waiting_retirement_gets_the_references_without_waiting_for_a_heartbea
     assert control.reusable(0)
 
 
+def test_the_mailbox_thread_polls_references_while_a_retirement_waits(rig):
+    """The thread itself, not only its period: while an acked retirement waits on a request, the
+    thread wakes every POLL_S (no file write wakes it), so the control API sees the slot free
+    within a few periods of the request leaving, well before the next heartbeat."""
+    from hotwire.engine_plugin.core_sync import POLL_S
+
+    control = rig.control
+    control.write(0, "v", ANY_LAYER, np.ones(H, np.float32), gen=1)
+    rig.step(new=[("r", _spec({"id": "v", "layer": 1}), 3)])
+    control.retire(0)
+    rig.idle()  # acked retiring, the request still holds the slot
+    rig.core._thread.start()
+    try:
+        time.sleep(HEARTBEAT_S + 0.05)  # the thread's heartbeat has passed: the next is HEARTBEAT_S away
+        assert not control.reusable(0)
+        left = time.monotonic()
+        rig.core.on_schedule(Step([], {"r"}))  # the request leaves: the step thread, no period
+        while not control.reusable(0):
+            assert time.monotonic() - left < HEARTBEAT_S / 2, "the references waited for the heartbeat"
+            time.sleep(POLL_S / 4)
+    finally:
+        rig.core.close()
+        rig.core._thread.join(1)
+
+
 def test_the_mailbox_thread_sleeps_until_the_file_is_written(rig, monkeypatch):
     """Each wake-up of the mailbox thread takes the GIL from vLLM's step thread: an idle mailbox
     wakes it for the heartbeat only (it woke every 20 ms to look), and a control write is taken
