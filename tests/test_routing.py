@@ -294,3 +294,15 @@ def test_host_path_only_enqueues_work_behind_a_busy_gpu(tmp_path):
     assert tables.route[r, 1, 0, :3].tolist() == [3, 0, 2**31 - 1]
     assert tables.route[r, 1, 0, 4].view(torch.float32).item() == 2.0
 
+
+
+def test_buffer_fills_write_exactly_their_span():
+    """staging.put and staging.clear (the routing's GIL-keeping fills), past the zeros they start with."""
+    from hotwire.engine_plugin import staging
+
+    n = 3 * len(staging._ZEROS) + 5
+    buf = np.arange(n + 4, dtype=np.int32)
+    staging.clear(buf, 2, n + 2)
+    assert buf[:2].tolist() == [0, 1] and not buf[2: n + 2].any() and buf[n + 2:].tolist() == [n + 2, n + 3]
+    staging.put(buf, 1, np.array([7, 8, 9], dtype=np.int32))
+    assert buf[:5].tolist() == [0, 7, 8, 9, 0]
