@@ -360,6 +360,77 @@ def test_op_registration_is_consistent_with_its_fake():
         assert not torch.equal(reference(*args)[-1], x[-1])
 
 
+def _inference_op(x, residual, pos, bank, route, tok_row):
+    """The registered op on a copy of ``x`` in inference mode, as vLLM's forward calls it: past
+    the dispatcher (``steer_op._call_past_the_dispatcher``)."""
+    out = x.clone()
+    with torch.inference_mode():
+        torch.ops.hotwire.steer_.default(out, residual, pos, bank, route, tok_row)
+    return out
+
+
+@pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=pytest.mark.gpu)])
+def test_an_inference_call_steers_as_a_dispatched_one(device):
+    """In inference mode a plain call skips the dispatcher and runs the kernel it would pick: the
+    same bits as the dispatched call, with and without a residual, on a layer's strided view."""
+    x, residual, pos, bank, route = _random_tables(9, 64 if device == "cpu" else 1024, torch.float32, device)
+    for res in (residual, None):
+        at = (x, res, pos, bank, route[:, 1], _mixed(route))
+        assert torch.equal(_inference_op(*at).view(torch.int32), op(*at).view(torch.int32))
+        assert not torch.equal(_inference_op(*at), x)
+
+
+def test_an_inference_call_of_the_op_keeps_the_gil():
+    """The dispatcher lets the GIL go on the way to the op's Python kernel, on every armed layer of
+    a step run without a CUDA graph; a plain inference call goes past it. (As test_routing's GIL
+    test: a thread holding the GIL for as long as it is let to takes it whenever the call lets it
+    go, and the call then lasts ~1 s.)"""
+    import gc
+    import sys
+    import threading
+    import time
+
+    x, residual, pos, bank, route = _random_tables(64, H, torch.float32, "cpu")
+    tok = _mixed(route)
+    state = steer_op.StepState(None, [route[:, 0]])
+    steer_op.attach(bank, state)
+    state.route_layers([0])
+    calls = [(True, route[:, 0]), (False, route[:, 1])]  # an idle step, then a layer no request steers
+    stop, old = threading.Event(), sys.getswitchinterval()
+    gc.collect()
+    gc.disable()
+    sys.setswitchinterval(1.0)
+    spinner = threading.Thread(target=lambda: [None for _ in iter(stop.is_set, True)])
+    took = []
+    try:
+        with torch.inference_mode():
+            spinner.start()
+            time.sleep(0.01)
+            for k in range(200):
+                idle, layer_route = calls[k % 2]
+                idle_graphs.select(idle)
+                t = time.perf_counter()
+                torch.ops.hotwire.steer_.default(x, residual, pos, bank, layer_route, tok)
+                took.append(time.perf_counter() - t)
+                if took[-1] > 0.2:
+                    break
+    finally:
+        stop.set()
+        sys.setswitchinterval(old)
+        gc.enable()
+        spinner.join()
+        idle_graphs.select(False)
+    assert max(took) < 0.2, f"a call took {max(took):.3f} s: it let the GIL go"
+
+
+def test_a_profiled_call_still_shows_the_op():
+    """Under the profiler the call goes through the dispatcher, so traces name ``hotwire::steer_``."""
+    x, residual, pos, bank, route = _random_tables(4, H, torch.float32, "cpu")
+    with torch.profiler.profile() as prof, torch.inference_mode():
+        torch.ops.hotwire.steer_.default(x.clone(), residual, pos, bank, route[:, 0], _mixed(route))
+    assert any(e.name == "hotwire::steer_" for e in prof.events())
+
+
 @pytest.mark.gpu
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16, torch.float32])
 @pytest.mark.parametrize("n,h", [(1, 1024), (7, 1000), (300, 4096)])
