@@ -38,7 +38,8 @@ How:
   at admission, then run unsteered; what a spec's arrival costs without routing or the op; a
   contrast), ``hotwire_host_only`` (``hotwire``, its steps all idle on the GPU: steering's host work
   alone; a contrast), ``hotwire_graphs_only`` (``hotwire``, its steps run without a graph launching no
-  op; a contrast; both through ``op_off/sitecustomize.py``), ``eager`` (hotwire with ``--enforce-eager``) and ``original``
+  op; a contrast), ``hotwire_dispatched`` (``hotwire``, every op call through torch's dispatcher; a
+  contrast; these three through ``op_off/sitecustomize.py``), ``eager`` (hotwire with ``--enforce-eager``) and ``original``
   (hotwire-vllm 0.1.2 installed in ``--original-site``, run alone: ``original_plugin.py`` says why that
   takes more than ``PYTHONPATH``, and checks with vLLM's own plugin loader that it loads exactly that
   plugin; the startup vectors as ``.pt`` files, ``HOTWIRE_SLOTS`` = the distinct entries of the spec
@@ -201,7 +202,8 @@ MAX_SERVERS = int(1 / GPU_MEMORY_UTILIZATION)  # that many share the GPU
 
 # reported beside plugin-free; the target is on the others
 CONTRASTS = ("eager", "original", "plugin_free_2", "plugin_free_own_compile", "hotwire_unarmed", "hotwire_unsteered",
-             "hotwire_one_graph_unsteered", "hotwire_refused", "hotwire_host_only", "hotwire_graphs_only")
+             "hotwire_one_graph_unsteered", "hotwire_refused", "hotwire_host_only", "hotwire_graphs_only",
+             "hotwire_dispatched")
 ORIGINAL_POOL = 128  # specs the steered requests draw from when the original runs: 256 slots
 PROBE_TOKENS = 16
 HOST_FIELDS = ("host_us_per_step", "steady_us_per_step", "changed_us_per_step", "core_us_per_step",

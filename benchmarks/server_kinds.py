@@ -56,6 +56,9 @@ KINDS = {
     # hotwire whose steps run without a CUDA graph launch no op (op_off/sitecustomize.py): beside
     # hotwire, what the op's launches from Python cost there
     "hotwire_graphs_only": Kind(True, env={"PYTHONPATH": OP_OFF, "BENCH_OP_OFF": "eager"}, gpu_steers=False),
+    # hotwire whose op calls all go through torch's dispatcher, as before steer_op._call_past_the_dispatcher
+    # (op_off/sitecustomize.py): beside hotwire, what going past it gains
+    "hotwire_dispatched": Kind(True, env={"PYTHONPATH": OP_OFF, "BENCH_OP_OFF": "dispatch"}),
     # hotwire loaded with no layer armed: its API-server middleware, its request and config patches,
     # and nothing that steers (no tables, no op, no routing, no mailbox)
     "hotwire_unarmed": Kind(False, env={"VLLM_PLUGINS": "hotwire", "HOTWIRE_LAYERS": ""}),

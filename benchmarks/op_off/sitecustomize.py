@@ -10,6 +10,8 @@
 * ``eager``: steered steps replay the graphs with the op as deployed, but once vLLM has captured
   its graphs a step run without one (more tokens than the largest capture size) launches none.
   Beside ``hotwire``: what the op's launches from Python cost in those steps.
+* ``dispatch``: the op runs as deployed, but every call goes through torch's dispatcher, as
+  before ``steer_op._call_past_the_dispatcher``. Beside ``hotwire``: what going past it gains.
 """
 
 import os
@@ -20,6 +22,8 @@ where = os.environ.get("BENCH_OP_OFF")
 if where == "all":
     _select = idle_graphs.select
     idle_graphs.select = lambda idle: _select(True)
+elif where == "dispatch":
+    steer_op.steer_._op = steer_op.steer_._op.__wrapped__
 elif where == "eager":
     captured = False
     _report, _runs = engine.Steerer.report_capture, steer_op._runs
