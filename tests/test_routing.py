@@ -133,14 +133,10 @@ def test_routing_makes_no_torch_call(rig):
 def test_routing_a_changed_batch_of_256_never_lets_the_gil_go(tmp_path):
     """Nor does any numpy operation of the routing, arrivals included (a fancy-index gather, or a
     copy, fill or reduction of more than 500 elements would: the token map of a step with
-    prefills, a staged row). A thread that keeps the GIL for as long as it is let to (a switch
-    interval of 1 s) takes it whenever the routing lets it go, if it wakes before the routing
-    takes the GIL back: a route then lasts ~1 s instead of microseconds."""
-    import gc
-    import sys
-    import threading
-
+    prefills, a staged row). Each call admits a request (a row staged, written by route()) and
+    routes the batch in another order with other counts."""
     from engine_rig import ENTRIES
+    from gil_probe import SLOW_S, longest_call
     from hotwire.engine_plugin.admission import Admitted, Term
     from hotwire.engine_plugin.routing import Router
     from hotwire.engine_plugin.steering import ArmedModel, SteeringTables
@@ -150,37 +146,20 @@ def test_routing_a_changed_batch_of_256_never_lets_the_gil_go(tmp_path):
                             dtype=torch.float32, device=torch.device("cpu"))
     router = Router(ArmedModel(tables, armed))
     ids = [f"r{i}" for i in range(256)]
+    terms = (Term(9, 0, 1, 0, 2**31 - 1, 0, 1065353216, 0, 0, 0), Term(18, 0, 2, 0, 2**31 - 1, 0, 1065353216, 0, 0, 0))
     for i, rid in enumerate(ids[::2]):  # half steered, two entries on two layers each
-        terms = (Term(9, 0, 1, 0, 2**31 - 1, 0, 1065353216, 0, 0, 0), Term(18, 0, 2, 0, 2**31 - 1, 0, 1065353216, 0, 0, 0))
         router.admit(rid, Admitted(i + 1, terms, (1, 2)))
     counts = [np.ones(256, np.int32), np.ones(256, np.int32)]
     counts[1][-3:] = 128  # prefills: the token map changes every step
     router.route(ids, counts[0])
-    stop, old = threading.Event(), sys.getswitchinterval()
-    # Earlier tests' garbage: a collection in the loop would run its finalizers (a file closed lets
-    # the GIL go), which is not the routing's doing. So collect it now and let none run in the loop.
-    gc.collect()
-    gc.disable()
-    sys.setswitchinterval(1.0)
-    spinner = threading.Thread(target=lambda: [None for _ in iter(stop.is_set, True)])
-    try:
-        spinner.start()
-        time.sleep(0.01)  # the spinner runs; this thread then waits out its interval for the GIL
-        took = []
-        for k in range(200):  # the GIL is taken only when the spinner wakes in time: give it many chances
-            j = k % 128
-            t = time.perf_counter()
-            router.admit(ids[1 + 2 * j], Admitted(200 + j, terms, (1, 2)))  # a row staged, written by route()
-            router.route(ids[k % 2:] + ids[:k % 2], counts[k % 2])  # order and counts change
-            took.append(time.perf_counter() - t)
-            if took[-1] > 0.2:
-                break
-    finally:
-        stop.set()
-        sys.setswitchinterval(old)
-        gc.enable()
-        spinner.join()
-    assert max(took) < 0.2, f"a route took {max(took):.3f} s: it let the GIL go"
+
+    def step(k: int) -> None:
+        j = k % 128
+        router.admit(ids[1 + 2 * j], Admitted(200 + j, terms, (1, 2)))
+        router.route(ids[k % 2:] + ids[:k % 2], counts[k % 2])
+
+    took = longest_call(step)
+    assert took < SLOW_S, f"a route took {took:.3f} s: it let the GIL go"
 
 
 def test_a_row_reused_before_its_commit_holds_the_latest_request(rig):
