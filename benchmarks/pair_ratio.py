@@ -30,14 +30,14 @@ def pair(samples: list[dict], a: str, b: str) -> dict[int, dict]:
     for (c, _), w in sorted(windows.items()):
         if a in w and b in w:
             row = out.setdefault(c, {"tokens": [], "steps": []})
-            row["tokens"].append(_over(w[b]["tokens_per_s"], w[a]["tokens_per_s"]))
-            row["steps"].append(_over(w[b]["step_ms"], w[a]["step_ms"]))
+            row["tokens"].append(over(w[b]["tokens_per_s"], w[a]["tokens_per_s"]))
+            row["steps"].append(over(w[b]["step_ms"], w[a]["step_ms"]))
     return out
 
 
-def _over(x: float, y: float) -> float:
+def over(x: float, y: float) -> float:
     """``x / y``; NaN where ``y`` is 0 (a window in which a server generated nothing: only a
-    ``--smoke`` run keeps one), as ``serve_throughput``'s ratios to plugin-free give."""
+    ``--smoke`` run keeps one). ``serve_throughput``'s ratios to plugin-free use it too."""
     return x / y if y else float("nan")
 
 

@@ -475,8 +475,7 @@ def _summary(samples: list[dict], concurrency: list[int], names: list[str], bloc
 def _ratio(windows: list[dict], reference: list[dict]) -> float:
     """Mean tokens/s of ``windows`` over ``reference``'s; NaN where the reference generated nothing
     (only a ``--smoke`` run keeps such a window: ``_check_window``)."""
-    ref = _mean_tokens(reference)
-    return _mean_tokens(windows) / ref if ref else float("nan")
+    return pair_ratio.over(_mean_tokens(windows), _mean_tokens(reference))
 
 
 def _mean_tokens(windows: list[dict]) -> float:

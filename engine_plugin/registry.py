@@ -42,9 +42,10 @@ class Registry:
 
     def unbind(self, slot: int) -> None:
         key = self._key.pop(slot, None)
-        if key is not None:
-            self.binding_changes += 1
-        if key is not None and self._where.get(key) == slot:
+        if key is None:
+            return
+        self.binding_changes += 1
+        if self._where.get(key) == slot:
             del self._where[key]
             if not any(k[0] == key[0] for k in self._where):
                 self.versions.pop(key[0], None)

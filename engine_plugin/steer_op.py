@@ -213,12 +213,12 @@ def _call_past_the_dispatcher(op: torch._ops.OpOverload) -> None:
     for an in-place custom op (no autograd, no version counter). ``OpOverload.__call__`` is
     ``self._op(...)``; where a torch lacks what this reads, the op is left as registered."""
     dispatched = getattr(op, "_op", None)
+    if dispatched is None:
+        return
     try:
         modes, function_modes = torch._C._len_torch_dispatch_stack, torch._C._is_torch_function_mode_enabled
         profiling, inference = torch._C._autograd._profiler_enabled, torch.is_inference_mode_enabled
     except AttributeError:
-        return
-    if dispatched is None:
         return
     plain = torch.Tensor
 

@@ -274,7 +274,6 @@ def test_host_path_only_enqueues_work_behind_a_busy_gpu(tmp_path):
     assert tables.route[r, 1, 0, 4].view(torch.float32).item() == 2.0
 
 
-
 def test_buffer_fills_write_exactly_their_span():
     """staging.put and staging.clear (the routing's GIL-keeping fills), past the zeros they start with."""
     from hotwire.engine_plugin import staging
