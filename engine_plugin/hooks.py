@@ -20,9 +20,7 @@ from collections.abc import Callable
 from types import ModuleType
 from typing import Any
 
-import numpy as np
-
-from . import idle_graphs, salts
+from . import idle_graphs, salts, staging
 from .core_sync import CoreSync
 from .engine import Steerer
 
@@ -46,11 +44,12 @@ def _before_execute(runner: Any, args: tuple, kwargs: dict) -> None:
 
 def _after_v1_prepare(runner: Any, result: Any, args: tuple, kwargs: dict) -> None:
     """V1 runner (GPU and CPU): the batch order is ``input_batch.req_ids``, token counts
-    come from the ``query_start_loc`` the runner just filled."""
+    come from the ``query_start_loc`` the runner just filled (differenced keeping the GIL: batches
+    may pass 500 requests, ``staging.diff``)."""
     st = _steerer(runner)
     if st is not None:
         n = runner.input_batch.num_reqs
-        st.on_batch(runner.input_batch.req_ids[:n], np.diff(runner.query_start_loc.np[: n + 1]))
+        st.on_batch(runner.input_batch.req_ids[:n], staging.diff(runner.query_start_loc.np[: n + 1]))
 
 
 def _after_v2_prepare(runner: Any, batch: Any, args: tuple, kwargs: dict) -> None:

@@ -17,7 +17,8 @@ request arrives or the batch changes. So:
   too (``aten::slice`` lets the GIL go, as ``stride(dim)`` does; ``shape``, ``stride()`` and
   ``data_ptr()`` do not), and so do numpy's larger operations: a fancy-index gather, and a copy,
   fill or reduction of more than 500 elements. So the routing uses no gather or reduction, and
-  fills its buffers through :func:`put` and :func:`clear` (CPython's ``memoryview`` copies). On
+  fills its buffers through :func:`put` and :func:`clear` (CPython's ``memoryview`` copies), and
+  V1's token counts come from :func:`diff` (numpy in pieces of at most 500). On
   the CPU the copies are those too, into the tables' own memory; where torch copies instead (CUDA
   without a driver to call), the spans are views made once and kept (:class:`Spans`).
 """
@@ -69,6 +70,16 @@ def clear(dst: np.ndarray, start: int, stop: int) -> None:
 
 
 _ZEROS = np.zeros(4096, dtype=np.int32)
+_PIECE = 500  # numpy keeps the GIL for an elementwise loop of at most this many elements
+
+
+def diff(a: np.ndarray) -> np.ndarray:
+    """``np.diff(a)`` of a 1-D array, keeping the GIL: the subtraction in pieces of :data:`_PIECE`."""
+    out = np.empty(len(a) - 1, dtype=a.dtype)
+    for i in range(0, len(out), _PIECE):
+        j = min(i + _PIECE, len(out))
+        np.subtract(a[i + 1: j + 1], a[i:j], out=out[i:j])
+    return out
 
 
 class Spans:

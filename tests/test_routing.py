@@ -274,6 +274,26 @@ def test_host_path_only_enqueues_work_behind_a_busy_gpu(tmp_path):
     assert tables.route[r, 1, 0, 4].view(torch.float32).item() == 2.0
 
 
+def test_v1_hook_routes_a_batch_past_500_requests_keeping_the_gil():
+    """V1's token counts come from query_start_loc (staging.diff: np.diff lets the GIL go past 500
+    elements), as np.diff would give them. The probe's batch is larger than any engine's, so that a
+    release lasts long enough for the spinner to be seen taking the GIL."""
+    from types import SimpleNamespace
+
+    from engine_rig import make_rank
+    from gil_probe import SLOW_S, longest_call
+    from hotwire.engine_plugin import hooks, staging
+
+    starts = [np.cumsum(np.r_[0, np.arange(n) % 7 + 1]).astype(np.int32) for n in (1, 499, 500, 501, 1024, 20000)]
+    for a in starts:
+        assert staging.diff(a).tolist() == np.diff(a).tolist()
+    n = len(starts[-1]) - 1
+    runner = SimpleNamespace(_hotwire=make_rank("cpu"), query_start_loc=SimpleNamespace(np=starts[-1]),
+                             input_batch=SimpleNamespace(num_reqs=n, req_ids=[f"r{i}" for i in range(n)]))
+    took = longest_call(lambda k: hooks._after_v1_prepare(runner, None, (), {}))
+    assert took < SLOW_S, f"a step's hook took {took:.3f} s: it let the GIL go"
+
+
 def test_buffer_fills_write_exactly_their_span():
     """staging.put and staging.clear (the routing's GIL-keeping fills), past the zeros they start with."""
     from hotwire.engine_plugin import staging
