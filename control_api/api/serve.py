@@ -62,6 +62,13 @@ def configure(parser: argparse.ArgumentParser) -> None:
     parser.set_defaults(run=run)
 
 
+# How long an idle connection stays open: longer than clients and load balancers keep theirs
+# (httpx 5 s, common balancers 60 s), so that the client, not this server, closes an idle one.
+# uvicorn's 5 s closed connections on which a request had just been sent, whenever the process
+# came back from a stall of over 5 s (under uvloop its due timers run before its sockets are read).
+KEEP_ALIVE_S = 75
+
+
 def run(args: argparse.Namespace) -> int:
     import uvicorn
 
@@ -76,5 +83,5 @@ def run(args: argparse.Namespace) -> int:
     logging.basicConfig(level=args.log_level.upper(),
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     uvicorn.run(create_app(settings), host=settings.host, port=settings.port,
-                log_level=args.log_level)
+                log_level=args.log_level, timeout_keep_alive=KEEP_ALIVE_S)
     return 0
