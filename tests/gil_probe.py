@@ -1,7 +1,8 @@
 """Does a call let the GIL go? A spinner thread keeps the GIL for as long as it is let to (a
 switch interval of 1 s), so it takes the GIL whenever the call lets it go, if it wakes before the
 call takes it back: that call then lasts ~1 s instead of microseconds. The spinner may not wake in
-time, so a call gets many chances."""
+time, so a call gets many chances; a release of a microsecond or two may still go unseen (numpy on
+1,500 elements passed 3 runs of 3), so give the call inputs large enough to make a release long."""
 
 import gc
 import sys
