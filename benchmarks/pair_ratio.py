@@ -1,4 +1,5 @@
-"""The ratio of two servers of one simultaneous served run, window by window.
+"""The ratio of two servers of one simultaneous served run, window by window; or of several runs
+of the same setup, pooled.
 
 ``serve_throughput.py`` reports every server against plugin-free; two hotwire kinds are compared
 more closely with each other, in the same windows, which cancels what they share (the plugin, its
@@ -9,6 +10,12 @@ host work, the seconds they ran in):
 
 prints, per concurrency, the median over windows of ``B tokens/s / A tokens/s`` and of the step-time
 ratio, with the moving-block bootstrap 95 % interval ``serve_throughput.py`` uses.
+
+Why several runs: one run fits one device call (about 45 windows after the servers' start-up), and
+its interval is about 3 % wide, where the served target needs one under 2 %. Runs of one setup
+(the same servers side by side, model shape, engine arguments, load, vLLM and GPU; :data:`SETUP`) pool their windows:
+``pair_ratio.py RUN1.json RUN2.json plugin_free hotwire``. Each run is resampled in its own blocks
+(``serving.pooled_median_ci``); runs of different setups are refused, naming what differs.
 """
 
 from __future__ import annotations
@@ -17,7 +24,11 @@ import argparse
 import json
 from pathlib import Path
 
-from serving import median, median_ci
+from serving import median, median_ci, pooled_median_ci
+
+# what runs must share to pool their windows (a result's keys)
+SETUP = ("servers", "shape", "config", "engine", "design", "window_s", "prompt_len", "max_tokens_range",
+         "steered_fraction", "spec_pool", "mps", "env", "vllm", "gpu")
 
 
 def pair(samples: list[dict], a: str, b: str) -> dict[int, dict]:
@@ -51,15 +62,41 @@ def report(samples: list[dict], a: str, b: str, block: int) -> list[str]:
     return lines
 
 
+def pooled_report(results: list[dict], a: str, b: str, block: int) -> list[str]:
+    """:func:`report` over several runs of one setup: per concurrency, the median of every run's
+    windows, the pooled interval, and each run's own median."""
+    for key in SETUP:
+        seen = {json.dumps(r.get(key), sort_keys=True) for r in results}
+        if len(seen) > 1:
+            raise SystemExit(f"the runs differ in {key!r} ({' vs '.join(sorted(seen))}): only runs of one setup pool")
+    runs: dict[int, list[list[float]]] = {}
+    for r in results:
+        for c, row in pair(r["samples"], a, b).items():
+            runs.setdefault(c, []).append(row["tokens"])
+    lines = []
+    for c, series in sorted(runs.items()):
+        every = [v for run in series for v in run]
+        lo, hi = pooled_median_ci(series, block)
+        each = ", ".join(f"{median(run):.4f}" for run in series)
+        lines.append(f"C={c}: {b}/{a} tokens/s {median(every):.4f} [{lo:.4f}-{hi:.4f}] over {len(every)} windows "
+                     f"of {len(series)} runs (each run: {each})")
+    return lines
+
+
 def main() -> None:
     from serve_throughput import BLOCK
 
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("result", type=Path, help="a serve_throughput.py --simultaneous JSON")
+    ap.add_argument("results", type=Path, nargs="+",
+                    help="serve_throughput.py --simultaneous JSONs: one, or several runs of one setup to pool")
     ap.add_argument("a", help="the server in the denominator")
     ap.add_argument("b", help="the server in the numerator")
     args = ap.parse_args()
-    print("\n".join(report(json.loads(args.result.read_text())["samples"], args.a, args.b, BLOCK)))
+    results = [json.loads(p.read_text()) for p in args.results]
+    if len(results) == 1:
+        print("\n".join(report(results[0]["samples"], args.a, args.b, BLOCK)))
+    else:
+        print("\n".join(pooled_report(results, args.a, args.b, BLOCK)))
 
 
 if __name__ == "__main__":

@@ -759,8 +759,16 @@ def median_ci(values: list[float], block: int = 1, resamples: int = 2000) -> lis
     moving-block bootstrap, for values measured back to back whose neighbours may be correlated:
     drawing runs of ``block`` consecutive values keeps that correlation in every resample, where
     independent draws would lose it and give too narrow an interval."""
+    return pooled_median_ci([values], block, resamples)
+
+
+def pooled_median_ci(series: list[list[float]], block: int = 1, resamples: int = 2000) -> list[float]:
+    """:func:`median_ci` of several runs' values pooled: each run resampled in its own blocks, to its
+    own length (a block never joins the end of one run to the start of another, and every resample
+    holds as many values of each run as the run has), and the median taken over them all."""
     rng = np.random.default_rng(0)
-    medians = np.median(np.asarray(values)[block_resample(len(values), block, resamples, rng)], axis=1)
+    drawn = [np.asarray(v)[block_resample(len(v), block, resamples, rng)] for v in series if len(v)]
+    medians = np.median(np.concatenate(drawn, axis=1), axis=1)
     return [round(float(q), 4) for q in np.quantile(medians, [0.025, 0.975])]
 
 

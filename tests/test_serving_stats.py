@@ -218,3 +218,31 @@ def test_pair_ratio_pairs_two_servers_window_by_window_without_the_warm_up():
     assert list(rows) == [256]
     assert rows[256]["tokens"][:3] == pytest.approx([0.9] * 3) and rows[256]["steps"] == pytest.approx([1.1] * 4)
     assert np.isnan(rows[256]["tokens"][3])
+
+
+def test_pooled_interval_resamples_each_run_within_itself():
+    from serving import pooled_median_ci
+
+    one = [0.97, 1.01, 0.99, 1.03, 0.98, 1.02]
+    assert pooled_median_ci([one], block=3) == median_ci(one, block=3)  # one run: the run's own interval
+    # two runs at different levels, each drawn whole: every resample holds four of each, the median 1.5
+    assert pooled_median_ci([[1.0] * 4, [2.0] * 4], block=4) == [1.5, 1.5]
+    lo, hi = pooled_median_ci([one, one, one], block=3)
+    one_lo, one_hi = median_ci(one, block=3)
+    assert hi - lo < one_hi - one_lo  # three runs resolve more than one
+
+
+def test_pair_ratio_pools_runs_of_one_setup_and_refuses_others(tmp_path):
+    import pair_ratio
+
+    def run(ratios, **setup):
+        samples = []
+        for r, x in enumerate(ratios):
+            samples += [{"server": "pf", "round": r, "concurrency": 256, "tokens_per_s": 100.0, "step_ms": 10.0},
+                        {"server": "hw", "round": r, "concurrency": 256, "tokens_per_s": 100.0 * x, "step_ms": 10.0}]
+        return {"samples": samples, "servers": ["pf", "hw"], "shape": "qwen3-0.6b", "vllm": "0.25.1", **setup}
+
+    lines = pair_ratio.pooled_report([run([0.9] * 5), run([0.95] * 3)], "pf", "hw", 3)
+    assert lines == ["C=256: hw/pf tokens/s 0.9000 [0.9000-0.9000] over 8 windows of 2 runs (each run: 0.9000, 0.9500)"]
+    with pytest.raises(SystemExit, match="'vllm'"):
+        pair_ratio.pooled_report([run([0.9]), run([0.9], vllm="0.32.0")], "pf", "hw", 3)
