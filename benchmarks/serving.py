@@ -767,7 +767,7 @@ def pooled_median_ci(series: list[list[float]], block: int = 1, resamples: int =
     own length (a block never joins the end of one run to the start of another, and every resample
     holds as many values of each run as the run has), and the median taken over them all."""
     rng = np.random.default_rng(0)
-    drawn = [np.asarray(v)[block_resample(len(v), block, resamples, rng)] for v in series if len(v)]
+    drawn = [np.asarray(v)[block_resample(len(v), block, resamples, rng)] for v in series]
     medians = np.median(np.concatenate(drawn, axis=1), axis=1)
     return [round(float(q), 4) for q in np.quantile(medians, [0.025, 0.975])]
 

@@ -7,6 +7,7 @@ import os
 import shutil
 import sys
 import time
+import warnings
 from pathlib import Path
 
 import numpy as np
@@ -230,9 +231,12 @@ def test_pooled_interval_resamples_each_run_within_itself():
     lo, hi = pooled_median_ci([one, one, one], block=3)
     one_lo, one_hi = median_ci(one, block=3)
     assert hi - lo < one_hi - one_lo  # three runs resolve more than one
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", RuntimeWarning)
+        assert all(np.isnan(median_ci([])))  # no windows (a starved smoke run): no interval, no error
 
 
-def test_pair_ratio_pools_runs_of_one_setup_and_refuses_others(tmp_path):
+def test_pair_ratio_pools_runs_of_one_setup_and_refuses_others():
     import pair_ratio
 
     def run(ratios, **setup):
