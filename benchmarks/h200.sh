@@ -20,7 +20,8 @@
 #                                           # says how to fetch it); TTFT and tokens/s with the control API
 #                                           # pushing every second
 #   bash benchmarks/h200.sh split  OUTDIR A|B|C  # where steering's served cost goes, under MPS at 256 in
-#                                           # flight (one run per call, ~7.5 min): A = plugin-free, host only
+#                                           # flight, each engine core's step timed phase by phase
+#                                           # (one run per call, ~7.5 min): A = plugin-free, host only
 #                                           # (the op kept off the GPU), graphs only (no launch from Python),
 #                                           # hotwire; B = plugin-free, host only, armed on the two steered
 #                                           # layers, hotwire; C = plugin-free, every op call
@@ -132,7 +133,8 @@ split() {  # split [A|B]: one simultaneous run under MPS, hotwire beside kinds t
     *) echo "split A, B or C" >&2; return 2 ;;
   esac
   job "split-${1:-A}" python3 benchmarks/serve_throughput.py --simultaneous --mps --shape qwen3-0.6b \
-    --concurrency 256 --budget-s 420 --servers "${servers[@]}" --rotate-cores 4 --out "$out/split-${1:-A}.json"
+    --concurrency 256 --budget-s 420 --servers "${servers[@]}" --rotate-cores 4 --step-phases \
+    --out "$out/split-${1:-A}.json"
   wait
 }
 

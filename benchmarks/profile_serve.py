@@ -56,8 +56,8 @@ import httpx
 import psutil
 
 from hotwire.tools.tiny_model import benchmark_model, steered_layers
-from serving import (SERVER_CORES, Load, Server, add_common_args, cpu_plan, engine_args, running, start_run,
-                     wait_ready, write_vectors)
+from serving import (SERVER_CORES, Load, Server, add_common_args, cpu_plan, engine_args, engine_core, running,
+                     start_run, wait_ready, write_vectors)
 from server_kinds import KINDS, load_of, make_server
 from simultaneous import CLIENTS_PER_CORE, LoadSet, default_processes
 
@@ -81,18 +81,6 @@ VLLM_GROUPS = {
 }
 GPU_MEMORY_UTILIZATION = 0.25
 LEAVES = 400  # innermost frames kept per server, by samples: the report compares them across servers
-
-
-def engine_core(server: Server) -> psutil.Process:
-    """The server's engine-core process (vLLM names it ``VLLM::EngineCore``)."""
-    root = psutil.Process(server.proc.pid)
-    for p in [root, *root.children(recursive=True)]:
-        try:
-            if "EngineCore" in p.name() or any("EngineCore" in part for part in p.cmdline()):
-                return p
-        except psutil.NoSuchProcess:
-            continue
-    raise SystemExit(f"{server.name}: no EngineCore process under pid {root.pid}")
 
 
 def record(pyspy: str, pid: int, seconds: float, rate: int, out: Path, gil: bool = False) -> None:

@@ -39,7 +39,7 @@ How:
   contrast), ``hotwire_host_only`` (``hotwire``, its steps all idle on the GPU: steering's host work
   alone; a contrast), ``hotwire_graphs_only`` (``hotwire``, its steps run without a graph launching no
   op; a contrast), ``hotwire_dispatched`` (``hotwire``, every op call through torch's dispatcher; a
-  contrast; these three through ``op_off/sitecustomize.py``), ``eager`` (hotwire with ``--enforce-eager``) and ``original``
+  contrast; these three through ``bench_site/op_off.py``), ``eager`` (hotwire with ``--enforce-eager``) and ``original``
   (hotwire-vllm 0.1.2 installed in ``--original-site``, run alone: ``original_plugin.py`` says why that
   takes more than ``PYTHONPATH``, and checks with vLLM's own plugin loader that it loads exactly that
   plugin; the startup vectors as ``.pt`` files, ``HOTWIRE_SLOTS`` = the distinct entries of the spec
@@ -111,6 +111,12 @@ How:
   Simultaneous windows also carry how busy the shared GPU was (``gpu_busy.py``: nvidia-smi's
   ``utilization.gpu``, the mean over the window, and the SM clock), printed as its median: a GPU
   kept busy by every server's kernels makes a step wait on the others' work too.
+* Step phases (``--step-phases``, simultaneous): every server's processes import
+  ``bench_site/sitecustomize.py``, whose ``step_phases`` times its engine core's step phase by
+  phase (scheduling, the runner's host work by CUDA-graph mode, the sampler's launch, waiting for
+  the GPU's output, the scheduler's update, the input queue, garbage collection); read at the start
+  of the first measured window and at the end of the last, reported per step beside each other
+  (``step_phases`` in the JSON): in which phase a longer step spends its time.
 * Checks (a benchmark that silently stops steering must fail): every completed response is 200 with
   ``usage.completion_tokens == max_tokens`` (a dropped connection is re-sent up to twice and
   counted, ``resent``; a failed run prints every server's log tail); no preemption in any window,
@@ -183,12 +189,14 @@ import original_plugin
 import pair_ratio
 from hotwire.shared.mailbox import clock_ns
 from hotwire.tools.tiny_model import benchmark_model, steered_layers
-from serving import (RULE_CONFIGS, SERVER_CORES, Load, Server, add_common_args, check_steering, cpu_plan, engine_args, median,
+from serving import (RULE_CONFIGS, SERVER_CORES, Load, Server, add_common_args, check_steering, cpu_plan, engine_args,
+                     engine_core, median,
                      median_ci, pool_entries, probe_steering, running, snapshot, start_run, startup_vectors,
                      steer_spec, verdict, wait_ready, window_row, write_vectors)
 from gpu_busy import GpuBusy
 from mps import Mps
-from server_kinds import KINDS, load_of, make_server, refusing
+from bench_site import step_phases
+from server_kinds import BENCH_SITE, KINDS, load_of, make_server, refusing
 from simultaneous import CLIENTS_PER_CORE, LoadSet, default_processes, edge, windows
 
 TARGET = 0.99
@@ -357,6 +365,8 @@ def _stretch(loads: LoadSet, servers: list[Server], client: httpx.Client, c: int
         loads.wait(target)
         b, t_b = edge(servers, loads, client, k), time.monotonic()
         rows, a, w = windows(a, b), b, k - 2  # window -1: the warm-up (from the start, its ramp included)
+        if w == -1 and args.step_phases:
+            first = _step_phases(servers, args.step_phases)
         gpu = busy.between(t_a, t_b) or {}
         t_a = t_b
         for s in servers:
@@ -375,6 +385,8 @@ def _stretch(loads: LoadSet, servers: list[Server], client: httpx.Client, c: int
         if args.rotate_cores and w >= 0 and (w + 1) % args.rotate_cores == 0:
             _rotate(servers)
         target += args.window_s
+    if args.step_phases:
+        result["step_phases"][str(c)] = _phases_per_step(first, _step_phases(servers, args.step_phases))
     sent = loads.stop()
     stretch = {s.name: {"drain_s": round(s.wait_idle(client), 3)} for s in servers}
     idle_ns = clock_ns()
@@ -389,6 +401,28 @@ def _stretch(loads: LoadSet, servers: list[Server], client: httpx.Client, c: int
                                    "servers": stretch}
     result["phases_s"][f"c{c}_stretch"] = round(time.monotonic() - t0, 1)
     save()
+
+
+def _step_phases(servers: list[Server], folder: Path) -> dict[str, dict | None]:
+    """Each server's engine-core phase totals as last written (``bench_site/step_phases.py``)."""
+    return {s.name: step_phases.read(folder, engine_core(s).pid) for s in servers}
+
+
+def _phases_per_step(first: dict[str, dict | None], last: dict[str, dict | None]) -> dict[str, dict]:
+    """Each server's phases per step between two readings, printed as wall µs per step beside the
+    first server's (the servers' own readings: each file's clock and step count)."""
+    out = {name: step_phases.per_step(first[name], last[name]) for name in first
+           if first[name] is not None and last[name] is not None}
+    if not out:
+        return out
+    names = list(out)
+    print("step phases, wall µs per step (CPU µs in brackets): " + " | ".join(
+        f"{n} {out[n]['step_ms']:.2f} ms, {out[n]['steps']} steps" for n in names), flush=True)
+    for phase in sorted({p for n in names for p in out[n]["phases"]}):
+        cells = [out[n]["phases"].get(phase) for n in names]
+        print(f"  {phase:26s} " + "  ".join(f"{c['wall_us']:9.1f} [{c['cpu_us']:8.1f}]" if c else f"{'-':>20s}"
+                                            for c in cells), flush=True)
+    return out
 
 
 def _rotate(servers: list[Server]) -> None:
@@ -573,6 +607,9 @@ def main() -> None:
     ap.add_argument("--mps", action="store_true",
                     help="run the servers under NVIDIA's Multi-Process Service, so that their kernels share the "
                          "GPU at once rather than in turns (mps.py says why)")
+    ap.add_argument("--step-phases", action="store_true",
+                    help="--simultaneous: time every engine core's step phase by phase (bench_site/step_phases.py) "
+                         "and report each phase per step over the measured windows")
     add_common_args(ap, clients_help=f"load-generator processes (default {SEQUENTIAL_CLIENTS}; --simultaneous: "
                                      "per server, default one per 128 in flight)")
     args = ap.parse_args()
@@ -580,6 +617,8 @@ def main() -> None:
     _check_servers(names)
     if args.rotate_cores and not args.simultaneous:
         raise SystemExit("--rotate-cores moves servers between windows of the simultaneous design: add --simultaneous")
+    if args.step_phases and not args.simultaneous:
+        raise SystemExit("--step-phases reads the engine cores over the simultaneous design's windows: add --simultaneous")
     order = args.cores_order or names
     if sorted(order) != sorted(names):
         raise SystemExit(f"--cores-order {' '.join(order)}: name each server once ({' '.join(names)})")
@@ -591,6 +630,10 @@ def main() -> None:
     prompt_len, max_tokens = (16, 8) if args.smoke else (128, 128)
     lengths = (max_tokens // 2, max_tokens + max_tokens // 2)
     work = Path(tempfile.mkdtemp(prefix="hotwire-serve-"))
+    if args.step_phases:  # every server's processes import bench_site/sitecustomize.py
+        args.step_phases = work / "step-phases"
+        os.environ["BENCH_PHASES_DIR"] = str(args.step_phases)
+        os.environ["PYTHONPATH"] = os.pathsep.join(filter(None, [BENCH_SITE, os.environ.get("PYTHONPATH")]))
 
     model, shape_name = benchmark_model(work, args.shape, args.smoke)
     shape = json.loads((model / "config.json").read_text())
@@ -623,7 +666,8 @@ def main() -> None:
               "cpus": None if plan is None else {**cpus, "clients": plan[1]},
               "env": {k: os.environ[k] for k in ("VLLM_USE_V2_MODEL_RUNNER", RULE_CONFIGS) if k in os.environ},
               "mps": args.mps,
-              "phases_s": {}, "stopped_by": {}, "stretches": {}, "samples": []}
+              "step_phases_timed": bool(args.step_phases),
+              "phases_s": {}, "stopped_by": {}, "stretches": {}, "step_phases": {}, "samples": []}
     args.out.parent.mkdir(parents=True, exist_ok=True)
     save = _Save(result, args.out, BLOCK if args.simultaneous else 1)
     print(f"work dir (server logs): {work}", flush=True)

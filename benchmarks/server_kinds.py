@@ -27,12 +27,12 @@ class Kind(NamedTuple):
     env: dict[str, str] | None = None
     steers: bool = True  # its load carries the run's specs (False: the same requests, none steered)
     refused: bool = False  # its load's specs name vectors it does not hold: parsed, salted, refused
-    gpu_steers: bool = True  # the op runs on the GPU wherever hotwire runs it (False: op_off/)
+    gpu_steers: bool = True  # the op runs on the GPU wherever hotwire runs it (False: bench_site/op_off.py)
 
 
 STEERED = "<steered layers>"  # the layers the benchmark's requests steer, known once the model is built
 OWN_DIR = "<own folder>"  # a folder of the server's own in the run's work folder
-OP_OFF = str(Path(__file__).parent / "op_off")  # a sitecustomize that keeps the op off the GPU somewhere
+BENCH_SITE = str(Path(__file__).parent / "bench_site")  # a sitecustomize: the op off the GPU somewhere, step phases
 
 KINDS = {
     "plugin_free": Kind(False),
@@ -50,15 +50,15 @@ KINDS = {
     # beside hotwire_unsteered and hotwire, what a spec's arrival costs apart from routing and the op
     "hotwire_refused": Kind(True, refused=True),
     # hotwire steering on the host as deployed (admission, routing, uploads) while every step replays
-    # the graphs without the op (op_off/sitecustomize.py): beside hotwire, what the op costs on the
+    # the graphs without the op (bench_site/op_off.py): beside hotwire, what the op costs on the
     # GPU; beside plugin-free, what steering's host work costs
-    "hotwire_host_only": Kind(True, env={"PYTHONPATH": OP_OFF, "BENCH_OP_OFF": "all"}, gpu_steers=False),
-    # hotwire whose steps run without a CUDA graph launch no op (op_off/sitecustomize.py): beside
+    "hotwire_host_only": Kind(True, env={"PYTHONPATH": BENCH_SITE, "BENCH_OP_OFF": "all"}, gpu_steers=False),
+    # hotwire whose steps run without a CUDA graph launch no op (bench_site/op_off.py): beside
     # hotwire, what the op's launches from Python cost there
-    "hotwire_graphs_only": Kind(True, env={"PYTHONPATH": OP_OFF, "BENCH_OP_OFF": "eager"}, gpu_steers=False),
+    "hotwire_graphs_only": Kind(True, env={"PYTHONPATH": BENCH_SITE, "BENCH_OP_OFF": "eager"}, gpu_steers=False),
     # hotwire whose op calls all go through torch's dispatcher, as before steer_op._call_past_the_dispatcher
-    # (op_off/sitecustomize.py): beside hotwire, what going past it gains
-    "hotwire_dispatched": Kind(True, env={"PYTHONPATH": OP_OFF, "BENCH_OP_OFF": "dispatch"}),
+    # (bench_site/op_off.py): beside hotwire, what going past it gains
+    "hotwire_dispatched": Kind(True, env={"PYTHONPATH": BENCH_SITE, "BENCH_OP_OFF": "dispatch"}),
     # hotwire loaded with no layer armed: its API-server middleware, its request and config patches,
     # and nothing that steers (no tables, no op, no routing, no mailbox)
     "hotwire_unarmed": Kind(False, env={"VLLM_PLUGINS": "hotwire", "HOTWIRE_LAYERS": ""}),

@@ -128,6 +128,20 @@ class Managed:
         return True
 
 
+def engine_core(server: Server) -> psutil.Process:
+    """The server's engine-core process (vLLM names it ``VLLM::EngineCore``)."""
+    import psutil
+
+    root = psutil.Process(server.proc.pid)
+    for p in [root, *root.children(recursive=True)]:
+        try:
+            if "EngineCore" in p.name() or any("EngineCore" in part for part in p.cmdline()):
+                return p
+        except psutil.NoSuchProcess:
+            continue
+    raise SystemExit(f"{server.name}: no EngineCore process under pid {root.pid}")
+
+
 class Server(Managed):
     """One ``vllm serve`` (API server, engine core, worker), with or without hotwire loaded."""
 

@@ -230,7 +230,7 @@ def _call_past_the_dispatcher(op: torch._ops.OpOverload) -> None:
             return None
         return dispatched(x, residual, positions, bank, route, tok_row)
 
-    call.__wrapped__ = dispatched  # what a benchmark restores to compare (benchmarks/op_off)
+    call.__wrapped__ = dispatched  # what a benchmark restores to compare (benchmarks/bench_site/op_off.py)
     op._op = call
 
 

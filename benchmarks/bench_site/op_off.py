@@ -1,6 +1,6 @@
-"""Benchmark only: server kinds that keep the op off the GPU where hotwire would run it
-(``server_kinds.py``: ``hotwire_host_only``, ``hotwire_graphs_only``) put this folder on their
-``PYTHONPATH``, so that Python imports this module at start in every process of the server.
+"""Benchmark only: keeps the op off the GPU where hotwire would run it, for the server kinds that
+set ``BENCH_OP_OFF`` (``server_kinds.py``: ``hotwire_host_only``, ``hotwire_graphs_only``,
+``hotwire_dispatched``); imported by ``sitecustomize.py`` at the start of each of their processes.
 ``BENCH_OP_OFF`` says where the op stays off:
 
 * ``all``: every step replays the graphs without the op and a step run without a graph launches

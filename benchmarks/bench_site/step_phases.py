@@ -1,0 +1,239 @@
+"""Benchmark only: where an engine core's step time goes, phase by phase, in any server of a run.
+
+Why: at 256 in flight hotwire's steps are about 2 ms longer than plugin-free ones, while hotwire's
+own counters see about 0.23 ms of it and a sampling profile spreads the rest thinly over vLLM's
+frames. Timers around the engine core's phases, the same in every server, say in which phase a
+longer step spends its time: scheduling, the runner's host work (by the step's CUDA-graph mode),
+the sampler's launch, waiting for the GPU's output, the scheduler's update, the input queue, and
+Python's garbage collector.
+
+Phases (each: wall and this thread's CPU ns, and calls; a phase inside another counts in both):
+
+=========================  ==========================================================================
+``schedule``               the scheduler's ``schedule`` (hotwire's sync of a step inside it)
+``execute_model``          the executor's call: for one GPU, in process, the runner's whole host work
+``execute_model:<MODE>``   the same, by the step's CUDA-graph mode (``FULL``, ``PIECEWISE``, ``NONE``)
+``prepare_inputs``         inside it, V2 runner (hotwire's routing inside it)
+``prepare_attn``           inside it, V2 runner
+``sample_tokens``          the executor's sampler call
+``wait_output``            waiting on a step's output (its future's ``result``): the GPU not done yet
+``update_from_output``     the scheduler's update with a step's output
+``input_queue``            the engine core's loop taking requests in (``_process_input_queue``)
+``engine_step``            the loop's step (``_process_engine_step``): a step and its outputs handed on
+``gc0``, ``gc1``, ``gc2``  Python's collections, by generation, wherever they ran
+=========================  ==========================================================================
+
+``steps`` counts ``update_from_output`` calls (one per engine step that ran the model) and
+``tokens`` the tokens those steps scheduled (``tokens:<MODE>`` by mode).
+
+The engine core writes its totals since it started to ``$BENCH_PHASES_DIR/engine-core-<pid>.json``
+at most once a second, from its step thread after a step. :func:`per_step` turns two readings
+into time per step: both come from one file, so they need no clock shared with the reader.
+"""
+
+from __future__ import annotations
+
+import functools
+import gc
+import importlib.abc
+import importlib.util
+import json
+import os
+import sys
+import time
+from collections import defaultdict
+from pathlib import Path
+from typing import Any
+
+DUMP_S = 1.0
+CORE = "vllm.v1.engine.core"
+V2_RUNNER = "vllm.v1.worker.gpu.model_runner"
+
+_wall: defaultdict[str, int] = defaultdict(int)
+_cpu: defaultdict[str, int] = defaultdict(int)
+_calls: defaultdict[str, int] = defaultdict(int)
+_mode: str | None = None  # the CUDA-graph mode of the step the runner is executing
+_gc_start: list[int] = [0, 0]
+_last_dump = 0.0
+
+
+def _add(name: str, wall: int, cpu: int) -> None:
+    _wall[name] += wall
+    _cpu[name] += cpu
+    _calls[name] += 1
+
+
+def _timed(name: str, fn):
+    @functools.wraps(fn)
+    def timed(*args, **kwargs):
+        w, c = time.perf_counter_ns(), time.thread_time_ns()
+        try:
+            return fn(*args, **kwargs)
+        finally:
+            _add(name, time.perf_counter_ns() - w, time.thread_time_ns() - c)
+    return timed
+
+
+def _waited(out: Any) -> Any:
+    """A step's output future, its ``result`` timed as ``wait_output``."""
+    if callable(getattr(out, "result", None)):
+        out.result = _timed("wait_output", out.result)
+    return out
+
+
+def _execute(fn):
+    @functools.wraps(fn)
+    def execute(scheduler_output, *args, **kwargs):
+        global _mode
+        _mode = None
+        w, c = time.perf_counter_ns(), time.thread_time_ns()
+        try:
+            return _waited(fn(scheduler_output, *args, **kwargs))
+        finally:
+            wall, cpu = time.perf_counter_ns() - w, time.thread_time_ns() - c
+            _add("execute_model", wall, cpu)
+            if _mode is not None:
+                _add(f"execute_model:{_mode}", wall, cpu)
+                _calls[f"tokens:{_mode}"] += getattr(scheduler_output, "total_num_scheduled_tokens", 0)
+    return execute
+
+
+def _update(fn):
+    @functools.wraps(fn)
+    def update(scheduler_output, *args, **kwargs):
+        _calls["steps"] += 1
+        _calls["tokens"] += getattr(scheduler_output, "total_num_scheduled_tokens", 0)
+        return fn(scheduler_output, *args, **kwargs)
+    return _timed("update_from_output", update)
+
+
+def _dispatch(fn):
+    """The V2 runner's choice of CUDA-graph mode for a step, noted for :func:`_execute`."""
+    @functools.wraps(fn)
+    def dispatch(*args, **kwargs):
+        global _mode
+        out = fn(*args, **kwargs)
+        mode = getattr(out[0] if isinstance(out, tuple) else out, "cg_mode", None)
+        _mode = getattr(mode, "name", None)
+        return out
+    return dispatch
+
+
+def _collected(phase: str, info: dict) -> None:
+    if phase == "start":
+        _gc_start[:] = [time.perf_counter_ns(), time.thread_time_ns()]
+    else:
+        _add(f"gc{info.get('generation', '?')}", time.perf_counter_ns() - _gc_start[0],
+             time.thread_time_ns() - _gc_start[1])
+
+
+def dump(path: Path) -> None:
+    tmp = path.with_suffix(".tmp")
+    tmp.write_text(json.dumps({"pid": os.getpid(), "t": time.monotonic(), "calls": dict(_calls),
+                               "wall_ns": dict(_wall), "cpu_ns": dict(_cpu)}))
+    os.replace(tmp, path)
+
+
+def _instrument(core: Any) -> None:
+    """Wrap the phases on this engine core's own objects (the scheduler and executor exist now)."""
+    scheduler, executor = core.scheduler, core.model_executor
+    scheduler.schedule = _timed("schedule", scheduler.schedule)
+    scheduler.update_from_output = _update(scheduler.update_from_output)
+    executor.execute_model = _execute(executor.execute_model)
+    executor.sample_tokens = _timed("sample_tokens", executor.sample_tokens)
+    runner = getattr(getattr(getattr(executor, "driver_worker", None), "worker", None), "model_runner", None)
+    module = sys.modules.get(V2_RUNNER)
+    if runner is not None and module is not None and isinstance(runner, getattr(module, "GPUModelRunner", ())):
+        for name in ("prepare_inputs", "prepare_attn"):
+            setattr(runner, name, _timed(name, getattr(runner, name)))
+        if hasattr(module, "dispatch_cg_and_sync_dp"):
+            module.dispatch_cg_and_sync_dp = _dispatch(module.dispatch_cg_and_sync_dp)
+    gc.callbacks.append(_collected)
+
+
+def _patch_core(module: Any) -> None:
+    folder = Path(os.environ["BENCH_PHASES_DIR"])
+    init = module.EngineCore.__init__
+
+    @functools.wraps(init)
+    def __init__(self, *args, **kwargs):
+        init(self, *args, **kwargs)
+        _instrument(self)
+
+    module.EngineCore.__init__ = __init__
+    proc = getattr(module, "EngineCoreProc", None)
+    if proc is None:
+        return
+    proc._process_input_queue = _timed("input_queue", proc._process_input_queue)
+    step = _timed("engine_step", proc._process_engine_step)
+
+    def engine_step(self):
+        global _last_dump
+        out = step(self)
+        now = time.monotonic()
+        if now - _last_dump >= DUMP_S:
+            _last_dump = now
+            folder.mkdir(parents=True, exist_ok=True)
+            dump(folder / f"engine-core-{os.getpid()}.json")  # the engine core's pid (it may be forked)
+        return out
+
+    proc._process_engine_step = engine_step
+
+
+class _Loader(importlib.abc.Loader):
+    def __init__(self, inner: importlib.abc.Loader):
+        self._inner = inner
+
+    def create_module(self, spec):
+        return self._inner.create_module(spec)
+
+    def exec_module(self, module) -> None:
+        self._inner.exec_module(module)
+        _patch_core(module)
+
+
+class _Finder(importlib.abc.MetaPathFinder):
+    """Patches the engine core's module as it is imported (before any plugin's hooks: this runs
+    as Python starts)."""
+
+    def find_spec(self, name, path, target=None):
+        if name != CORE:
+            return None
+        sys.meta_path.remove(self)
+        spec = importlib.util.find_spec(name)
+        if spec is not None and spec.loader is not None:
+            spec.loader = _Loader(spec.loader)
+        return spec
+
+
+def install() -> None:
+    if CORE in sys.modules:
+        _patch_core(sys.modules[CORE])
+    else:
+        sys.meta_path.insert(0, _Finder())
+
+
+def read(folder: Path, pid: int) -> dict | None:
+    """Engine core ``pid``'s latest totals, or None before its first dump."""
+    try:
+        return json.loads((folder / f"engine-core-{pid}.json").read_text())
+    except (OSError, ValueError):
+        return None
+
+
+def per_step(a: dict, b: dict) -> dict:
+    """Between two readings of one engine core: its steps, tokens per step, and each phase's wall
+    and CPU µs per step and calls per step (``share``: of the wall time between the readings)."""
+    steps = b["calls"].get("steps", 0) - a["calls"].get("steps", 0)
+    seconds = b["t"] - a["t"]
+    n = max(steps, 1)
+
+    def d(kind: str, name: str) -> float:
+        return b[kind].get(name, 0) - a[kind].get(name, 0)
+
+    phases = {name: {"wall_us": round(d("wall_ns", name) / n / 1e3, 1), "cpu_us": round(d("cpu_ns", name) / n / 1e3, 1),
+                     "calls": round(d("calls", name) / n, 3), "share": round(d("wall_ns", name) / 1e9 / max(seconds, 1e-9), 4)}
+              for name in sorted(b["wall_ns"])}
+    counts = {name: round(d("calls", name) / n, 1) for name in sorted(b["calls"]) if name.startswith("tokens")}
+    return {"steps": steps, "seconds": round(seconds, 2), "step_ms": round(1e3 * seconds / n, 3),
+            "per_step": counts, "phases": phases}

@@ -1,0 +1,53 @@
+"""``benchmarks/bench_site/step_phases.py``: its timers add what they time, a step's output future
+gets its wait timed, and two readings turn into time per step."""
+
+import json
+import sys
+import time
+from concurrent.futures import Future
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks" / "bench_site"))
+
+import step_phases  # noqa: E402
+
+
+def _reading(t: float, steps: int, wall_ns: dict, cpu_ns: dict, calls: dict) -> dict:
+    return {"pid": 1, "t": t, "calls": {"steps": steps, **calls}, "wall_ns": wall_ns, "cpu_ns": cpu_ns}
+
+
+def test_per_step_divides_the_differences_by_the_steps_between_readings():
+    a = _reading(10.0, 100, {"schedule": 1_000_000, "wait_output": 0}, {"schedule": 900_000, "wait_output": 0},
+                 {"schedule": 100, "tokens": 25_600})
+    b = _reading(12.0, 200, {"schedule": 3_000_000, "wait_output": 500_000}, {"schedule": 2_900_000, "wait_output": 0},
+                 {"schedule": 200, "wait_output": 100, "tokens": 51_200, "tokens:FULL": 12_800})
+    out = step_phases.per_step(a, b)
+    assert out["steps"] == 100 and out["seconds"] == 2.0 and out["step_ms"] == 20.0
+    assert out["phases"]["schedule"] == {"wall_us": 20.0, "cpu_us": 20.0, "calls": 1.0, "share": 0.001}
+    assert out["phases"]["wait_output"]["wall_us"] == 5.0 and out["phases"]["wait_output"]["cpu_us"] == 0.0
+    assert out["per_step"] == {"tokens": 256.0, "tokens:FULL": 128.0}
+
+
+def test_timers_add_their_calls_and_an_output_futures_wait(tmp_path):
+    def slow(x):
+        time.sleep(0.01)
+        return x
+
+    timed = step_phases._timed("test_slow", slow)
+    before = (step_phases._wall["test_slow"], step_phases._calls["test_slow"])
+    assert timed(3) == 3 and timed(4) == 4
+    assert step_phases._calls["test_slow"] - before[1] == 2
+    assert step_phases._wall["test_slow"] - before[0] >= 20_000_000  # two sleeps of 10 ms
+    assert step_phases._cpu["test_slow"] < step_phases._wall["test_slow"]  # sleeping is no CPU time
+
+    future: Future = Future()
+    future.set_result("out")
+    waits = step_phases._calls["wait_output"]
+    assert step_phases._waited(future).result() == "out"
+    assert step_phases._calls["wait_output"] == waits + 1
+
+    step_phases.dump(tmp_path / "engine-core-1.json")
+    reading = step_phases.read(tmp_path, 1)
+    assert reading["calls"]["test_slow"] == step_phases._calls["test_slow"]
+    assert json.loads((tmp_path / "engine-core-1.json").read_text()) == reading
+    assert step_phases.read(tmp_path, 2) is None  # no dump yet: nothing, not an error
