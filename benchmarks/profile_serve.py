@@ -40,6 +40,7 @@ Needs ``py-spy`` (a PyPI wheel; on the GPU machine carry it, see ``benchmarks/h2
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import re
@@ -56,8 +57,10 @@ import httpx
 import psutil
 
 from hotwire.tools.tiny_model import benchmark_model, steered_layers
-from serving import (SERVER_CORES, Load, Server, add_common_args, cpu_plan, engine_args, engine_core, running,
-                     start_run, wait_ready, write_vectors)
+from bench_site import step_phases
+from mps import Mps
+from serving import (SERVER_CORES, Load, Server, add_common_args, cpu_plan, engine_args, engine_core, phase_readings,
+                     running, start_run, wait_ready, write_vectors)
 from server_kinds import KINDS, load_of, make_server
 from simultaneous import CLIENTS_PER_CORE, LoadSet, default_processes
 
@@ -198,8 +201,11 @@ def _profile(servers: list[Server], client: httpx.Client, pyspy: str, args: argp
                                            args.out.with_suffix(f".{s.name}{suffix}"), gil=gil), servers))
 
     before = {s.name: (s.metrics(client), _cpu_seconds(s)) for s in servers}
+    phases = args.step_phases and phase_readings(servers, args.step_phases)
     all_at_once(args.seconds, ".txt", False)
     after = {s.name: (s.metrics(client), _cpu_seconds(s)) for s in servers}
+    if args.step_phases:
+        phases = step_phases.report(phases, phase_readings(servers, args.step_phases))
     if args.gil_seconds > 0:
         all_at_once(args.gil_seconds, ".gil.txt", True)
         end = {s.name: s.metrics(client) for s in servers}
@@ -215,6 +221,8 @@ def _profile(servers: list[Server], client: httpx.Client, pyspy: str, args: argp
         if args.gil_seconds > 0:
             summary["gil"] = summarize_gil(args.out.with_suffix(f".{s.name}.gil.txt"),
                                            int(end[s.name]["steps"] - b["steps"]), args.gil_seconds, args.rate)
+        if args.step_phases and s.name in phases:
+            summary["step_phases"] = phases[s.name]
         hot = summary["groups"].get("hotwire", {"share": 0.0})
         cpu = summary["cpu"]
         print(f"{s.name}: {summary['tokens_per_s']:.0f} tok/s, {summary['step_ms']:.2f} ms/step, "
@@ -287,6 +295,12 @@ def main() -> None:
     ap.add_argument("--gil-seconds", type=float, default=0.0,
                     help="then, under the same load, this long sampling only the thread that holds the GIL "
                          "(default 0: not)")
+    ap.add_argument("--mps", action="store_true",
+                    help="--simultaneous: the servers under NVIDIA's Multi-Process Service (mps.py)")
+    ap.add_argument("--step-phases", action="store_true",
+                    help="time every engine core's step phase by phase over the profile (bench_site/step_phases.py)")
+    ap.add_argument("--sync-debug", action="store_true",
+                    help="with --step-phases: torch warns in each server's log wherever it synchronizes with the GPU")
     profiled = [k for k, kind in KINDS.items() if not kind.original and not kind.eager]
     ap.add_argument("--servers", nargs="+", choices=profiled, default=["plugin_free", "hotwire"],
                     help="the servers profiled, the first the base each other is compared with (default: "
@@ -302,6 +316,8 @@ def main() -> None:
         raise SystemExit(f"--servers: two or more kinds, each once (got {' '.join(args.servers)})")
     prompt_len, max_tokens = (16, 8) if args.smoke else (128, 128)
     work = Path(tempfile.mkdtemp(prefix="hotwire-profile-"))
+    if args.step_phases:
+        args.step_phases = step_phases.enable(work, args.sync_debug)
     model, shape_name = benchmark_model(work, args.shape, args.smoke)
     shape = json.loads((model / "config.json").read_text())
     write_vectors(work / "vectors", shape["hidden_size"])
@@ -323,7 +339,7 @@ def main() -> None:
     load = LoadSet(servers, processes) if args.simultaneous else Load(processes)
     client = httpx.Client(timeout=30)
     busy_s = args.settle_s + args.seconds + args.gil_seconds
-    with running(servers, load, client):
+    with Mps(work) if args.mps else contextlib.nullcontext(), running(servers, load, client):
         for s in servers:
             s.start()
         result["startup_s"] = wait_ready(servers, t0)

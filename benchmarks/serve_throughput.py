@@ -190,13 +190,12 @@ import pair_ratio
 from hotwire.shared.mailbox import clock_ns
 from hotwire.tools.tiny_model import benchmark_model, steered_layers
 from serving import (RULE_CONFIGS, SERVER_CORES, Load, Server, add_common_args, check_steering, cpu_plan, engine_args,
-                     engine_core, median,
-                     median_ci, pool_entries, probe_steering, running, snapshot, start_run, startup_vectors,
+                     median, median_ci, phase_readings, pool_entries, probe_steering, running, snapshot, start_run, startup_vectors,
                      steer_spec, verdict, wait_ready, window_row, write_vectors)
 from gpu_busy import GpuBusy
 from mps import Mps
 from bench_site import step_phases
-from server_kinds import BENCH_SITE, KINDS, load_of, make_server, refusing
+from server_kinds import KINDS, load_of, make_server, refusing
 from simultaneous import CLIENTS_PER_CORE, LoadSet, default_processes, edge, windows
 
 TARGET = 0.99
@@ -366,7 +365,7 @@ def _stretch(loads: LoadSet, servers: list[Server], client: httpx.Client, c: int
         b, t_b = edge(servers, loads, client, k), time.monotonic()
         rows, a, w = windows(a, b), b, k - 2  # window -1: the warm-up (from the start, its ramp included)
         if w == -1 and args.step_phases:
-            first = _step_phases(servers, args.step_phases)
+            first = phase_readings(servers, args.step_phases)
         gpu = busy.between(t_a, t_b) or {}
         t_a = t_b
         for s in servers:
@@ -386,7 +385,7 @@ def _stretch(loads: LoadSet, servers: list[Server], client: httpx.Client, c: int
             _rotate(servers)
         target += args.window_s
     if args.step_phases:
-        result["step_phases"][str(c)] = _phases_per_step(first, _step_phases(servers, args.step_phases))
+        result["step_phases"][str(c)] = step_phases.report(first, phase_readings(servers, args.step_phases))
     sent = loads.stop()
     stretch = {s.name: {"drain_s": round(s.wait_idle(client), 3)} for s in servers}
     idle_ns = clock_ns()
@@ -401,28 +400,6 @@ def _stretch(loads: LoadSet, servers: list[Server], client: httpx.Client, c: int
                                    "servers": stretch}
     result["phases_s"][f"c{c}_stretch"] = round(time.monotonic() - t0, 1)
     save()
-
-
-def _step_phases(servers: list[Server], folder: Path) -> dict[str, dict | None]:
-    """Each server's engine-core phase totals as last written (``bench_site/step_phases.py``)."""
-    return {s.name: step_phases.read(folder, engine_core(s).pid) for s in servers}
-
-
-def _phases_per_step(first: dict[str, dict | None], last: dict[str, dict | None]) -> dict[str, dict]:
-    """Each server's phases per step between two readings, printed as wall µs per step beside the
-    first server's (the servers' own readings: each file's clock and step count)."""
-    out = {name: step_phases.per_step(first[name], last[name]) for name in first
-           if first[name] is not None and last[name] is not None}
-    if not out:
-        return out
-    names = list(out)
-    print("step phases, wall µs per step (CPU µs in brackets): " + " | ".join(
-        f"{n} {out[n]['step_ms']:.2f} ms, {out[n]['steps']} steps" for n in names), flush=True)
-    for phase in sorted({p for n in names for p in out[n]["phases"]}):
-        cells = [out[n]["phases"].get(phase) for n in names]
-        print(f"  {phase:26s} " + "  ".join(f"{c['wall_us']:9.1f} [{c['cpu_us']:8.1f}]" if c else f"{'-':>20s}"
-                                            for c in cells), flush=True)
-    return out
 
 
 def _rotate(servers: list[Server]) -> None:
@@ -631,9 +608,7 @@ def main() -> None:
     lengths = (max_tokens // 2, max_tokens + max_tokens // 2)
     work = Path(tempfile.mkdtemp(prefix="hotwire-serve-"))
     if args.step_phases:  # every server's processes import bench_site/sitecustomize.py
-        args.step_phases = work / "step-phases"
-        os.environ["BENCH_PHASES_DIR"] = str(args.step_phases)
-        os.environ["PYTHONPATH"] = os.pathsep.join(filter(None, [BENCH_SITE, os.environ.get("PYTHONPATH")]))
+        args.step_phases = step_phases.enable(work)
 
     model, shape_name = benchmark_model(work, args.shape, args.smoke)
     shape = json.loads((model / "config.json").read_text())

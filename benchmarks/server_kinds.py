@@ -13,6 +13,7 @@ import os
 from pathlib import Path
 from typing import NamedTuple
 
+from bench_site import step_phases
 from serving import Server
 
 
@@ -32,7 +33,7 @@ class Kind(NamedTuple):
 
 STEERED = "<steered layers>"  # the layers the benchmark's requests steer, known once the model is built
 OWN_DIR = "<own folder>"  # a folder of the server's own in the run's work folder
-BENCH_SITE = str(Path(__file__).parent / "bench_site")  # a sitecustomize: the op off the GPU somewhere, step phases
+BENCH_SITE = str(step_phases.BENCH_SITE)  # a sitecustomize: the op off the GPU somewhere, step phases
 
 KINDS = {
     "plugin_free": Kind(False),

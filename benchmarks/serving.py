@@ -142,6 +142,13 @@ def engine_core(server: Server) -> psutil.Process:
     raise SystemExit(f"{server.name}: no EngineCore process under pid {root.pid}")
 
 
+def phase_readings(servers: list[Server], folder: Path) -> dict[str, dict | None]:
+    """Each server's engine-core phase totals as last written (``bench_site/step_phases.py``)."""
+    from bench_site import step_phases
+
+    return {s.name: step_phases.read(folder, engine_core(s).pid) for s in servers}
+
+
 class Server(Managed):
     """One ``vllm serve`` (API server, engine core, worker), with or without hotwire loaded."""
 

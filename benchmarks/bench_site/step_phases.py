@@ -15,6 +15,8 @@ Phases (each: wall and this thread's CPU ns, and calls; a phase inside another c
 ``execute_model:<MODE>``   the same, by the step's CUDA-graph mode (``FULL``, ``PIECEWISE``, ``NONE``)
 ``prepare_inputs``         inside it, V2 runner (hotwire's routing inside it)
 ``prepare_attn``           inside it, V2 runner
+``forward:<MODE>``         inside it, V2 runner: the model's forward (a FULL graph's replay; PIECEWISE
+                           and NONE: the body of vLLM's forward context), by mode
 ``sample_tokens``          the executor's sampler call
 ``wait_output``            waiting on a step's output (its future's ``result``): the GPU not done yet
 ``update_from_output``     the scheduler's update with a step's output
@@ -33,6 +35,7 @@ into time per step: both come from one file, so they need no clock shared with t
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import gc
 import importlib.abc
@@ -119,6 +122,19 @@ def _dispatch(fn):
     return dispatch
 
 
+def _forward_context(fn):
+    """vLLM's forward context, its body (the model's forward) timed as ``forward:<MODE>``."""
+    @contextlib.contextmanager
+    def timed(*args, **kwargs):
+        with fn(*args, **kwargs) as ctx:
+            w, c = time.perf_counter_ns(), time.thread_time_ns()
+            try:
+                yield ctx
+            finally:
+                _add(f"forward:{_mode}", time.perf_counter_ns() - w, time.thread_time_ns() - c)
+    return timed
+
+
 def _collected(phase: str, info: dict) -> None:
     if phase == "start":
         _gc_start[:] = [time.perf_counter_ns(), time.thread_time_ns()]
@@ -148,7 +164,17 @@ def _instrument(core: Any) -> None:
             setattr(runner, name, _timed(name, getattr(runner, name)))
         if hasattr(module, "dispatch_cg_and_sync_dp"):
             module.dispatch_cg_and_sync_dp = _dispatch(module.dispatch_cg_and_sync_dp)
+        if hasattr(module, "set_forward_context"):
+            module.set_forward_context = _forward_context(module.set_forward_context)
+        graphs = getattr(runner, "cudagraph_manager", None)
+        if callable(getattr(graphs, "run_fullgraph", None)):
+            graphs.run_fullgraph = _timed("forward:FULL", graphs.run_fullgraph)
     gc.callbacks.append(_collected)
+    if os.environ.get("BENCH_SYNC_DEBUG"):  # a warning in the server's log wherever torch synchronizes
+        import torch
+
+        if torch.cuda.is_available():
+            torch.cuda.set_sync_debug_mode("warn")
 
 
 def _patch_core(module: Any) -> None:
@@ -213,6 +239,20 @@ def install() -> None:
         sys.meta_path.insert(0, _Finder())
 
 
+BENCH_SITE = Path(__file__).parent
+
+
+def enable(work: Path, sync_debug: bool = False) -> Path:
+    """Make every server started from now on time its engine core's phases (its processes import
+    this folder's ``sitecustomize``); returns the folder the engine cores write to."""
+    folder = work / "step-phases"
+    os.environ["BENCH_PHASES_DIR"] = str(folder)
+    os.environ["PYTHONPATH"] = os.pathsep.join(filter(None, [str(BENCH_SITE), os.environ.get("PYTHONPATH")]))
+    if sync_debug:
+        os.environ["BENCH_SYNC_DEBUG"] = "1"
+    return folder
+
+
 def read(folder: Path, pid: int) -> dict | None:
     """Engine core ``pid``'s latest totals, or None before its first dump."""
     try:
@@ -237,3 +277,20 @@ def per_step(a: dict, b: dict) -> dict:
     counts = {name: round(d("calls", name) / n, 1) for name in sorted(b["calls"]) if name.startswith("tokens")}
     return {"steps": steps, "seconds": round(seconds, 2), "step_ms": round(1e3 * seconds / n, 3),
             "per_step": counts, "phases": phases}
+
+
+def report(first: dict[str, dict | None], last: dict[str, dict | None]) -> dict[str, dict]:
+    """Each server's phases per step between two readings (``{server: reading}``; a server with
+    no reading at either is left out), printed as wall µs per step (CPU µs in brackets) side by side."""
+    out = {name: per_step(first[name], last[name]) for name in first
+           if first[name] is not None and last.get(name) is not None}
+    names = list(out)
+    if not names:
+        return out
+    print("step phases, wall µs per step (CPU µs in brackets): " + " | ".join(
+        f"{n} {out[n]['step_ms']:.2f} ms, {out[n]['steps']} steps" for n in names), flush=True)
+    for phase in sorted({p for n in names for p in out[n]["phases"]}):
+        cells = [out[n]["phases"].get(phase) for n in names]
+        print(f"  {phase:26s} " + "  ".join(f"{c['wall_us']:9.1f} [{c['cpu_us']:8.1f}]" if c else f"{'-':>20s}"
+                                            for c in cells), flush=True)
+    return out
