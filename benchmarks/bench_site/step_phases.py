@@ -156,7 +156,8 @@ def _instrument(core: Any) -> None:
     scheduler.schedule = _timed("schedule", scheduler.schedule)
     scheduler.update_from_output = _update(scheduler.update_from_output)
     executor.execute_model = _execute(executor.execute_model)
-    executor.sample_tokens = _timed("sample_tokens", executor.sample_tokens)
+    sample = _timed("sample_tokens", executor.sample_tokens)
+    executor.sample_tokens = lambda *args, **kwargs: _waited(sample(*args, **kwargs))
     runner = getattr(getattr(getattr(executor, "driver_worker", None), "worker", None), "model_runner", None)
     module = sys.modules.get(V2_RUNNER)
     if runner is not None and module is not None and isinstance(runner, getattr(module, "GPUModelRunner", ())):
