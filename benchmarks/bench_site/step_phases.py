@@ -17,6 +17,8 @@ Phases (each: wall and this thread's CPU ns, and calls; a phase inside another c
 ``prepare_attn``           inside it, V2 runner
 ``forward:<MODE>``         inside it, V2 runner: the model's forward (a FULL graph's replay; PIECEWISE
                            and NONE: the body of vLLM's forward context), by mode
+``gpu:<MODE>``             the same forward on the GPU: from an event recorded before it to one after
+                           (read once both have run, never waited on; ``wall`` only)
 ``sample_tokens``          the executor's sampler call
 ``wait_output``            waiting on a step's output (its future's ``result``): the GPU not done yet
 ``update_from_output``     the scheduler's update with a step's output
@@ -57,6 +59,7 @@ _cpu: defaultdict[str, int] = defaultdict(int)
 _calls: defaultdict[str, int] = defaultdict(int)
 _mode: str | None = None  # the CUDA-graph mode of the step the runner is executing
 _gc_start: list[int] = [0, 0]
+_events: list[tuple[str, Any, Any]] = []  # (mode, start, end) CUDA events not yet read
 _last_dump = 0.0
 
 
@@ -122,17 +125,51 @@ def _dispatch(fn):
     return dispatch
 
 
+@contextlib.contextmanager
+def _forward(mode: str | None):
+    """Time a forward as ``forward:<mode>`` on the host and, on CUDA, ``gpu:<mode>`` by events."""
+    import torch
+
+    start = end = None
+    if torch.cuda.is_available():
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+    w, c = time.perf_counter_ns(), time.thread_time_ns()
+    try:
+        yield
+    finally:
+        _add(f"forward:{mode}", time.perf_counter_ns() - w, time.thread_time_ns() - c)
+        if end is not None:
+            end.record()
+            _events.append((mode, start, end))
+
+
+def _read_events() -> None:
+    """Add the GPU time of every forward whose end event has run (in order: stop at the first not)."""
+    done = 0
+    for mode, start, end in _events:
+        if not end.query():
+            break
+        _add(f"gpu:{mode}", int(start.elapsed_time(end) * 1e6), 0)
+        done += 1
+    del _events[:done]
+
+
 def _forward_context(fn):
-    """vLLM's forward context, its body (the model's forward) timed as ``forward:<MODE>``."""
+    """vLLM's forward context, its body (the model's forward) timed (:func:`_forward`)."""
     @contextlib.contextmanager
     def timed(*args, **kwargs):
-        with fn(*args, **kwargs) as ctx:
-            w, c = time.perf_counter_ns(), time.thread_time_ns()
-            try:
-                yield ctx
-            finally:
-                _add(f"forward:{_mode}", time.perf_counter_ns() - w, time.thread_time_ns() - c)
+        with fn(*args, **kwargs) as ctx, _forward(_mode):
+            yield ctx
     return timed
+
+
+def _full_graph(fn):
+    @functools.wraps(fn)
+    def replay(*args, **kwargs):
+        with _forward("FULL"):
+            return fn(*args, **kwargs)
+    return replay
 
 
 def _collected(phase: str, info: dict) -> None:
@@ -169,7 +206,7 @@ def _instrument(core: Any) -> None:
             module.set_forward_context = _forward_context(module.set_forward_context)
         graphs = getattr(runner, "cudagraph_manager", None)
         if callable(getattr(graphs, "run_fullgraph", None)):
-            graphs.run_fullgraph = _timed("forward:FULL", graphs.run_fullgraph)
+            graphs.run_fullgraph = _full_graph(graphs.run_fullgraph)
     gc.callbacks.append(_collected)
     if os.environ.get("BENCH_SYNC_DEBUG"):  # a warning in the server's log wherever torch synchronizes
         import torch
@@ -197,6 +234,8 @@ def _patch_core(module: Any) -> None:
     def engine_step(self):
         global _last_dump
         out = step(self)
+        if _events:
+            _read_events()
         now = time.monotonic()
         if now - _last_dump >= DUMP_S:
             _last_dump = now
