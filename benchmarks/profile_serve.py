@@ -123,14 +123,17 @@ def _stacks(raw: Path) -> list[tuple[str, list[str], int]]:
 
 
 def summarize(raw: Path, steps: int) -> dict:
-    """The busiest thread's samples (the step thread): hotwire's by part, vLLM's by group."""
+    """The step thread's samples: hotwire's by part, vLLM's by group."""
     stacks = _stacks(raw)
     threads: Counter[str] = Counter()
     for thread, _, count in stacks:
         threads[thread] += count
     if not threads:
         raise SystemExit(f"{raw}: no samples")
-    main_thread, total = threads.most_common(1)[0]
+    # the step thread: vLLM's engine core steps on its main thread (with --idle every thread is sampled
+    # at every tick, so the busiest by samples is a tie broken at random)
+    main_thread = next((t for t in threads if t.endswith(": MainThread")), threads.most_common(1)[0][0])
+    total = threads[main_thread]
     groups, leaves = Counter(), Counter()
     for thread, frames, count in stacks:
         if thread != main_thread:
