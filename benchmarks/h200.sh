@@ -19,7 +19,7 @@
 #                                           # when its wheel travelled in .device/original (serve_throughput.py
 #                                           # says how to fetch it); TTFT and tokens/s with the control API
 #                                           # pushing every second
-#   bash benchmarks/h200.sh split  OUTDIR A|B|C|U  # where steering's served cost goes, under MPS at 256 in
+#   bash benchmarks/h200.sh split  OUTDIR A|B|C|U|S  # where steering's served cost goes, under MPS at 256 in
 #                                           # flight, each engine core's step timed phase by phase
 #                                           # (one run per call, ~7.5 min): A = plugin-free, host only
 #                                           # (the op kept off the GPU), graphs only (no launch from Python),
@@ -27,7 +27,8 @@
 #                                           # layers, hotwire; C = plugin-free, every op call
 #                                           # through torch's dispatcher, graphs only, hotwire; U = plugin-free,
 #                                           # hotwire sent no spec (two graph sets, then one), hotwire loaded
-#                                           # with no layer armed
+#                                           # with no layer armed; S = plugin-free, hotwire sent no spec armed
+#                                           # on 2, 14 and all 28 layers
 #   bash benchmarks/h200.sh pair   OUTDIR   # two GPUs: TP=2 and PP=2 servers with runtime registration
 #                                           # (tests/test_e2e_parallel.py as deployed: bf16, graphs on)
 #   bash benchmarks/h200.sh all    OUTDIR   # the four stages one after another (0.6B, 4B, 8B; 64, 256 in
@@ -133,7 +134,8 @@ split() {  # split [A|B]: one simultaneous run under MPS, hotwire beside kinds t
     B) servers=(plugin_free hotwire_host_only hotwire_2 hotwire) ;;
     C) servers=(plugin_free hotwire_dispatched hotwire_graphs_only hotwire) ;;
     U) servers=(plugin_free hotwire_unsteered hotwire_one_graph_unsteered hotwire_unarmed) ;;
-    *) echo "split A, B, C or U" >&2; return 2 ;;
+    S) servers=(plugin_free hotwire_unsteered_2 hotwire_unsteered_14 hotwire_unsteered) ;;
+    *) echo "split A, B, C, U or S" >&2; return 2 ;;
   esac
   job "split-${1:-A}" python3 benchmarks/serve_throughput.py --simultaneous --mps --shape qwen3-0.6b \
     --concurrency 256 --budget-s 420 --servers "${servers[@]}" --rotate-cores 4 --step-phases \

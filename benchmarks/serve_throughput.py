@@ -33,7 +33,9 @@ How:
   (``hotwire`` once more: with ``--cores-order`` it tells a cost that follows hotwire from one that
   follows the cores), ``hotwire_unarmed`` (hotwire loaded with ``HOTWIRE_LAYERS`` empty: what it costs
   with nothing to steer; a contrast), ``hotwire_unsteered`` (``hotwire``, sent the same requests
-  without their specs: what the plugin costs while nobody steers; a contrast), ``hotwire_refused``
+  without their specs: what the plugin costs while nobody steers; a contrast; ``hotwire_unsteered_2``
+  and ``hotwire_unsteered_14`` the same armed on the two steered layers and on the first 14: what
+  each armed layer costs), ``hotwire_refused``
   (``hotwire``, sent the same specs naming vectors it does not hold: each parsed, salted and refused
   at admission, then run unsteered; what a spec's arrival costs without routing or the op; a
   contrast), ``hotwire_host_only`` (``hotwire``, its steps all idle on the GPU: steering's host work
@@ -209,7 +211,7 @@ MAX_SERVERS = int(1 / GPU_MEMORY_UTILIZATION)  # that many share the GPU
 
 # reported beside plugin-free; the target is on the others
 CONTRASTS = ("eager", "original", "plugin_free_2", "plugin_free_own_compile", "hotwire_unarmed", "hotwire_unsteered",
-             "hotwire_one_graph_unsteered", "hotwire_refused", "hotwire_host_only", "hotwire_graphs_only",
+             "hotwire_unsteered_2", "hotwire_unsteered_14", "hotwire_one_graph_unsteered", "hotwire_refused", "hotwire_host_only", "hotwire_graphs_only",
              "hotwire_dispatched")
 ORIGINAL_POOL = 128  # specs the steered requests draw from when the original runs: 256 slots
 PROBE_TOKENS = 16

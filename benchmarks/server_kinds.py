@@ -43,6 +43,10 @@ KINDS = {
     "hotwire_again": Kind(True),  # hotwire's own B/B control: where its cores are, what it costs
     # hotwire as it is, sent the same requests with no spec: what the plugin costs while nobody steers
     "hotwire_unsteered": Kind(True, steers=False),
+    # the same armed on fewer layers (the two the benchmark steers; the first 14): beside
+    # hotwire_unsteered and plugin-free, what each armed layer costs while nobody steers
+    "hotwire_unsteered_2": Kind(True, env={"HOTWIRE_LAYERS": STEERED}, steers=False),
+    "hotwire_unsteered_14": Kind(True, env={"HOTWIRE_LAYERS": "0-13"}, steers=False),
     # the same with one graph set: every step replays the graphs with the op, nothing is routed; beside
     # hotwire_unsteered, what replaying the op's graphs costs; beside hotwire, what steering's host work costs
     "hotwire_one_graph_unsteered": Kind(True, env={"HOTWIRE_IDLE_GRAPHS": "0"}, steers=False),
