@@ -22,7 +22,10 @@ core's CPU seconds per second, and the engine core's busiest threads (by their P
 py-spy saw them, else the OS's), in CPU µs per
 engine step (an API server near 1.0 is saturated; a thread's extra µs per step is where a longer
 step's work went, whether or not it is Python).
-Summary per server, for the busiest thread (the step thread): its samples, engine steps, samples
+With ``--step-phases`` every engine core also times its step phase by phase over the same seconds
+(``bench_site/step_phases.py``; ``--sync-debug``: torch warns in each server's log wherever it
+synchronises with the GPU), and ``--mps`` runs the servers under NVIDIA's Multi-Process Service.
+Summary per server, for the step thread (the engine core's main thread): its samples, engine steps, samples
 per step, and its samples by owner: a sample is hotwire's when the innermost frame of hotwire's or
 vLLM's code in it is hotwire's (then filed by hotwire's module: the op, routing, admission, the
 hooks, the core's sync, the salt), and vLLM's samples by group (the compiled model, the scheduler,

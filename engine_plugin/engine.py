@@ -79,8 +79,10 @@ class Steerer:
         if len(armed) > 4:
             steps = ("every step in which a request is steered" if cfg.idle_graphs else
                      "every decode step (HOTWIRE_IDLE_GRAPHS=0: idle ones too)")
-            log.info("hotwire: each armed layer adds one kernel launch (about 1.1-1.6 us on an H200) to %s; "
-                     "set HOTWIRE_LAYERS to the layers you steer to pay only for those", steps)
+            log.info("hotwire: each armed layer adds host time to every step run without a full CUDA graph "
+                     "(large or mixed prefill batches), steered or not, and one kernel launch to %s; at high "
+                     "concurrency that costs served throughput (docs/performance.md): set HOTWIRE_LAYERS to "
+                     "the layers you steer", steps)
         counters = process_counters()
         router = Router(armed_model, GateReport(tables.gate_counts, counters), depth=_steps_in_flight(vllm_config) + 1)
         if router.tables.route.is_cuda and not router.direct:
