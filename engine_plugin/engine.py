@@ -79,7 +79,7 @@ class Steerer:
         if len(armed) > 4:
             steps = ("every step in which a request is steered" if cfg.idle_graphs else
                      "every decode step (HOTWIRE_IDLE_GRAPHS=0: idle ones too)")
-            log.info("hotwire: each armed layer adds host time to every step run without a full CUDA graph "
+            log.info("hotwire: each armed layer adds time to every step run without a full CUDA graph "
                      "(large or mixed prefill batches), steered or not, and one kernel launch to %s; at high "
                      "concurrency that costs served throughput (docs/performance.md): set HOTWIRE_LAYERS to "
                      "the layers you steer", steps)
