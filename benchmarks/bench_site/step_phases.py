@@ -69,14 +69,25 @@ def _add(name: str, wall: int, cpu: int) -> None:
     _calls[name] += 1
 
 
+@contextlib.contextmanager
+def _clock(*names: str):
+    """Time the body (wall and this thread's CPU) under each of ``names``, and under any name the
+    body appends to the list it is given (one known only once the body has run)."""
+    names = list(names)
+    w, c = time.perf_counter_ns(), time.thread_time_ns()
+    try:
+        yield names
+    finally:
+        wall, cpu = time.perf_counter_ns() - w, time.thread_time_ns() - c
+        for name in names:
+            _add(name, wall, cpu)
+
+
 def _timed(name: str, fn):
     @functools.wraps(fn)
     def timed(*args, **kwargs):
-        w, c = time.perf_counter_ns(), time.thread_time_ns()
-        try:
+        with _clock(name):
             return fn(*args, **kwargs)
-        finally:
-            _add(name, time.perf_counter_ns() - w, time.thread_time_ns() - c)
     return timed
 
 
@@ -92,15 +103,13 @@ def _execute(fn):
     def execute(scheduler_output, *args, **kwargs):
         global _mode
         _mode = None
-        w, c = time.perf_counter_ns(), time.thread_time_ns()
-        try:
-            return _waited(fn(scheduler_output, *args, **kwargs))
-        finally:
-            wall, cpu = time.perf_counter_ns() - w, time.thread_time_ns() - c
-            _add("execute_model", wall, cpu)
-            if _mode is not None:
-                _add(f"execute_model:{_mode}", wall, cpu)
-                _calls[f"tokens:{_mode}"] += getattr(scheduler_output, "total_num_scheduled_tokens", 0)
+        with _clock("execute_model") as names:
+            try:
+                return _waited(fn(scheduler_output, *args, **kwargs))
+            finally:
+                if _mode is not None:  # the runner dispatched a mode (:func:`_dispatch`)
+                    names.append(f"execute_model:{_mode}")
+                    _calls[f"tokens:{_mode}"] += getattr(scheduler_output, "total_num_scheduled_tokens", 0)
     return execute
 
 
@@ -134,11 +143,10 @@ def _forward(mode: str | None):
     if torch.cuda.is_available():
         start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
         start.record()
-    w, c = time.perf_counter_ns(), time.thread_time_ns()
     try:
-        yield
+        with _clock(f"forward:{mode}"):
+            yield
     finally:
-        _add(f"forward:{mode}", time.perf_counter_ns() - w, time.thread_time_ns() - c)
         if end is not None:
             end.record()
             _events.append((mode, start, end))
