@@ -12,16 +12,21 @@ set ``BENCH_OP_OFF`` (``server_kinds.py``: ``hotwire_host_only``, ``hotwire_grap
   Beside ``hotwire``: what the op's launches from Python cost in those steps.
 * ``dispatch``: the op runs as deployed, but every call goes through torch's dispatcher, as
   before ``steer_op._call_past_the_dispatcher``. Beside ``hotwire``: what going past it gains.
+* ``graph``: the layers are armed (their class, the tables as their buffers) but their forward
+  never calls the op, so the compiled graph has none. Beside ``hotwire``: what the op's place in
+  the compiled graph costs, launches or not.
 """
 
 import os
 
-from hotwire.engine_plugin import engine, idle_graphs, steer_op
+from hotwire.engine_plugin import engine, idle_graphs, steer_op, steering
 
 where = os.environ.get("BENCH_OP_OFF")
 if where == "all":
     _select = idle_graphs.select
     idle_graphs.select = lambda idle: _select(True)
+elif where == "graph":
+    steering.SteeringTables.forward = lambda self, x, residual, positions, route: x
 elif where == "dispatch":
     steer_op.steer_._op = steer_op.steer_._op.__wrapped__
 elif where == "eager":

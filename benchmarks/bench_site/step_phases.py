@@ -152,7 +152,7 @@ def _forward(mode: str | None):
             _events.append((mode, start, end))
 
 
-def _read_events() -> None:
+def read_events() -> None:
     """Add the GPU time of every forward whose end event has run (in order: stop at the first not)."""
     done = 0
     for mode, start, end in _events:
@@ -188,10 +188,15 @@ def _collected(phase: str, info: dict) -> None:
              time.thread_time_ns() - _gc_start[1])
 
 
+def snapshot() -> dict:
+    """This process's totals so far: a reading :func:`per_step` takes."""
+    return {"pid": os.getpid(), "t": time.monotonic(), "calls": dict(_calls), "wall_ns": dict(_wall),
+            "cpu_ns": dict(_cpu)}
+
+
 def dump(path: Path) -> None:
     tmp = path.with_suffix(".tmp")
-    tmp.write_text(json.dumps({"pid": os.getpid(), "t": time.monotonic(), "calls": dict(_calls),
-                               "wall_ns": dict(_wall), "cpu_ns": dict(_cpu)}))
+    tmp.write_text(json.dumps(snapshot()))
     os.replace(tmp, path)
 
 
@@ -243,7 +248,7 @@ def _patch_core(module: Any) -> None:
         global _last_dump
         out = step(self)
         if _events:
-            _read_events()
+            read_events()
         now = time.monotonic()
         if now - _last_dump >= DUMP_S:
             _last_dump = now

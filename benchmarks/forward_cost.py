@@ -1,0 +1,269 @@
+"""What one engine's forward costs, by CUDA-graph mode, alone on its device, with or without hotwire.
+
+Why: served side by side under MPS at 256 in flight, each armed layer adds about 0.2 ms to every
+step run without a full CUDA graph, steered or not, on the host and in the forward's GPU span
+alike, while the op's own calls take a few µs (``docs/performance.md``, "Session 24"). Run alone,
+with nothing else on the device, an engine says which of three it is:
+
+* the forward's host time longer (host work, or launches made slower in this process),
+* its GPU span longer with the same launches (the kernels differ or run slower),
+* or neither (the cost comes from sharing the device, as the served comparison does).
+
+How: one engine in this process (``VLLM_ENABLE_V1_MULTIPROCESSING=0``), with or without hotwire
+(every layer armed, no request steered), the served benchmark's engine arguments and load shape
+(``serving.engine_args``: 128-token prompts, 64-192 new tokens, ``--max-seqs`` in flight, so the
+batch mixes arrivals and decodes as a served one does). Measured:
+
+1. ``phases``: the engine's step phases over ``--requests`` requests after a warm-up batch
+   (``bench_site/step_phases.py``: the forward's host time and GPU span per mode, per step);
+2. ``profile``: one graph-less step (``--profile-tokens`` prompt tokens at once) under torch's
+   profiler: each CUDA runtime call and each kernel, with its count and total µs;
+3. ``python``: the same step ``--cprofile`` times under cProfile: the Python functions that take
+   the most time of their own (calls, own ms, cumulative ms, summed over the steps);
+4. ``us_per_call``: a small torch launch, a small Triton launch, an allocation,
+   ``torch.cuda.current_device`` and a few lines of plain Python, timed in a loop in this process:
+   a process that launches (or interprets) more slowly shows here.
+
+``BENCH_OP_OFF`` (``bench_site/op_off.py``) applies here as in a served run.
+
+Run it alternating, ``--plugin`` and not, and compare the JSON files (``--compare A.json B.json``
+prints the differences: phases per mode, and the runtime calls and kernels whose counts differ).
+
+    python3 benchmarks/forward_cost.py --model DIR --dummy [--plugin] --out OUT.json
+    python3 benchmarks/forward_cost.py --compare FREE.json ARMED.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+PROMPT_LEN, MAX_TOKENS = 128, 128  # as serve_throughput.py's load
+
+
+def _per_call_us(fn, repeat: int, inner: int = 100) -> float:
+    """Median over ``repeat`` timings of ``inner`` calls of ``fn``, in µs per call."""
+    times = []
+    for _ in range(repeat):
+        t = time.perf_counter_ns()
+        for _ in range(inner):
+            fn()
+        times.append((time.perf_counter_ns() - t) / inner / 1e3)
+    return round(statistics.median(times), 3)
+
+
+def _triton_add(x):
+    """A call that launches a one-block Triton kernel adding 1 to ``x`` (its first 1024 elements)."""
+    import triton
+    import triton.language as tl
+
+    @triton.jit
+    def add_one(ptr, n, BLOCK: tl.constexpr):
+        offs = tl.arange(0, BLOCK)
+        mask = offs < n
+        tl.store(ptr + offs, tl.load(ptr + offs, mask=mask) + 1.0, mask=mask)
+
+    return lambda: add_one[(1,)](x, x.numel(), BLOCK=1024)
+
+
+def _python_lines() -> int:
+    """A few lines of plain Python: attribute and dict lookups, a small loop."""
+    d, total = {"a": 1, "b": 2}, 0
+    for i in range(20):
+        total += d.get("a", i) + len(d)
+    return total
+
+
+def _prompts(n: int, vocab: int, length: int, seed: int) -> list[dict]:
+    import numpy as np
+
+    rng = np.random.default_rng(seed)
+    return [{"prompt_token_ids": rng.integers(10, vocab - 10, length).tolist()} for _ in range(n)]
+
+
+def _load(llm, n: int, vocab: int, seed: int) -> None:
+    """``n`` served-shape requests through the engine at once (it admits ``max_num_seqs`` at a time)."""
+    import numpy as np
+    from vllm import SamplingParams
+
+    lengths = np.random.default_rng(seed).integers(MAX_TOKENS // 2, MAX_TOKENS + MAX_TOKENS // 2 + 1, n)
+    params = [SamplingParams(max_tokens=int(m), ignore_eos=True, temperature=0) for m in lengths]
+    llm.generate(_prompts(n, vocab, PROMPT_LEN, seed), params, use_tqdm=False)
+
+
+def _profile(llm, tokens: int, vocab: int) -> dict:
+    """One step of ``tokens`` prompt tokens, then a short served-shape load, under torch's
+    profiler: per CUDA runtime call, per kernel and per torch op on the host, ``[count, total µs]``
+    (kernels: device time; ops: their own host time)."""
+    import torch
+    from vllm import SamplingParams
+
+    prompts = _prompts(max(1, tokens // PROMPT_LEN), vocab, PROMPT_LEN, seed=11)
+    params = SamplingParams(max_tokens=1, temperature=0)
+    llm.generate(prompts, params, use_tqdm=False)  # the same shapes once before, outside the profile
+    acts = [torch.profiler.ProfilerActivity.CPU, torch.profiler.ProfilerActivity.CUDA]
+    with torch.profiler.profile(activities=acts) as prof:
+        llm.generate(prompts, params, use_tqdm=False)
+        _load(llm, 64, vocab, seed=3)
+    runtime, kernels, ops = {}, {}, {}
+    for e in prof.key_averages():
+        device = getattr(e, "device_type", None)
+        if device is not None and device.name == "CUDA":
+            kernels[e.key] = [e.count, round(getattr(e, "device_time_total", getattr(e, "cuda_time_total", 0)), 1)]
+        elif e.key.startswith(("cuda", "cu")) and not e.key.startswith("cudnn"):
+            runtime[e.key] = [e.count, round(e.cpu_time_total, 1)]
+        else:
+            ops[e.key] = [e.count, round(e.self_cpu_time_total, 1)]
+    return {"tokens": len(prompts) * PROMPT_LEN, "runtime": runtime, "kernels": kernels, "ops": ops}
+
+
+def _cprofile(llm, tokens: int, vocab: int, repeats: int, top: int = 80) -> dict:
+    """``repeats`` graph-less steps of ``tokens`` prompt tokens under cProfile: the ``top``
+    functions by own time, ``{"file:line(name)": [calls, own ms, cumulative ms]}``."""
+    import cProfile
+    import pstats
+
+    from vllm import SamplingParams
+
+    prompts = _prompts(max(1, tokens // PROMPT_LEN), vocab, PROMPT_LEN, seed=11)
+    params = SamplingParams(max_tokens=1, temperature=0)
+    prof = cProfile.Profile()
+    prof.enable()
+    for _ in range(repeats):
+        llm.generate(prompts, params, use_tqdm=False)
+    prof.disable()
+    stats = pstats.Stats(prof).stats
+    rows = sorted(stats.items(), key=lambda kv: -kv[1][2])[:top]
+    return {"steps": repeats, "functions": {f"{Path(f).name}:{line}({name})": [nc, round(tt * 1e3, 2), round(ct * 1e3, 2)]
+                                           for (f, line, name), (_, nc, tt, ct, _) in rows}}
+
+
+def measure(args) -> dict:
+    phases_dir = Path(tempfile.mkdtemp(prefix="forward-cost-"))
+    os.environ.update(VLLM_ENABLE_V1_MULTIPROCESSING="0", VLLM_PLUGINS="hotwire" if args.plugin else "none",
+                      BENCH_PHASES_DIR=str(phases_dir))
+    os.environ.setdefault("HOTWIRE_LAYERS", "all")
+    sys.path[:0] = [str(HERE / "bench_site"), str(HERE)]
+    import step_phases
+
+    step_phases.install()  # before vLLM's engine core is imported
+    if args.plugin and os.environ.get("BENCH_OP_OFF"):
+        import op_off  # noqa: F401
+    import torch
+    from serving import engine_args
+    from vllm import LLM
+
+    cuda = torch.cuda.is_available()
+    shape = json.loads((Path(args.model) / "config.json").read_text())
+    engine = engine_args(shape, not cuda, args.max_seqs, PROMPT_LEN, MAX_TOKENS, 0.3)
+    engine.update(model=args.model, seed=0, skip_tokenizer_init=True, max_num_batched_tokens=args.max_batched_tokens)
+    if not args.dummy:
+        engine.pop("load_format", None)
+    if args.compile:
+        engine.pop("enforce_eager", None)
+    llm = LLM(**engine)
+    vocab = shape["vocab_size"]
+    _load(llm, args.max_seqs, vocab, seed=1)  # warm-up: every graph size this load meets
+    if cuda:
+        torch.cuda.synchronize()
+    step_phases.read_events()
+    first = step_phases.snapshot()
+    _load(llm, args.requests, vocab, seed=2)
+    if cuda:
+        torch.cuda.synchronize()
+    step_phases.read_events()
+    last = step_phases.snapshot()
+    result = {"command": " ".join([Path(sys.executable).name] + sys.argv), "plugin": args.plugin,
+              "device": torch.cuda.get_device_name() if cuda else "cpu", "engine": engine,
+              "phases": step_phases.per_step(first, last)}
+    if cuda:
+        result["profile"] = _profile(llm, args.profile_tokens, vocab)
+    if args.cprofile:
+        result["python"] = _cprofile(llm, args.profile_tokens, vocab, args.cprofile)
+    device = torch.device("cuda" if cuda else "cpu")
+    x = torch.ones(1024, device=device)
+    sync = torch.cuda.synchronize if cuda else (lambda: None)
+    timings = {}
+    with torch.inference_mode():
+        for name, fn in (("elementwise_launch", lambda: x.add_(1.0)),
+                         ("alloc_free", lambda: torch.empty(4096, device=device))):
+            sync()
+            timings[name] = _per_call_us(fn, args.repeat)
+            sync()
+        if cuda:
+            timings["current_device"] = _per_call_us(torch.cuda.current_device, args.repeat)
+            timings["triton_launch"] = _per_call_us(_triton_add(x), args.repeat)
+        timings["python_lines"] = _per_call_us(_python_lines, args.repeat)
+    result["us_per_call"] = timings
+    return result
+
+
+def compare(a: dict, b: dict) -> dict:
+    """What differs between two runs (``b`` minus ``a``): host and GPU µs per step of each forward
+    mode, the other phases, and every runtime call or kernel whose count differs."""
+    pa, pb = a["phases"]["phases"], b["phases"]["phases"]
+    phases = {name: {"a_us": pa.get(name, {}).get("wall_us"), "b_us": pb.get(name, {}).get("wall_us"),
+                     "a_calls": pa.get(name, {}).get("calls"), "b_calls": pb.get(name, {}).get("calls")}
+              for name in sorted(set(pa) | set(pb))}
+    out = {"step_ms": [a["phases"]["step_ms"], b["phases"]["step_ms"]], "phases": phases,
+           "us_per_call": [a.get("us_per_call"), b.get("us_per_call")]}
+    if "profile" in a and "profile" in b:
+        for part in ("runtime", "kernels", "ops"):
+            ra, rb = a["profile"].get(part, {}), b["profile"].get(part, {})
+            out[f"{part}_differing"] = {k: [ra.get(k), rb.get(k)] for k in sorted(set(ra) | set(rb))
+                                        if (ra.get(k) or [0])[0] != (rb.get(k) or [0])[0]}
+            us = lambda r, k: (r.get(k) or [0, 0])[1]  # noqa: E731
+            out[f"{part}_by_time"] = {k: [ra.get(k), rb.get(k)] for k in sorted(
+                set(ra) | set(rb), key=lambda k: -abs(us(rb, k) - us(ra, k)))[:25]}
+            out[f"{part}_us"] = [round(sum(v[1] for v in ra.values()), 1), round(sum(v[1] for v in rb.values()), 1)]
+    if "python" in a and "python" in b:
+        fa, fb = a["python"]["functions"], b["python"]["functions"]
+        own = {k: [fa.get(k), fb.get(k)] for k in set(fa) | set(fb)}
+        gain = lambda k: (own[k][1] or [0, 0])[1] - (own[k][0] or [0, 0])[1]  # noqa: E731
+        out["python_own_ms_differing"] = {k: own[k] for k in sorted(own, key=lambda k: -abs(gain(k)))[:25]}
+    return out
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--model", help="a model folder (config.json)")
+    ap.add_argument("--dummy", action="store_true", help="random weights (load_format=dummy)")
+    ap.add_argument("--plugin", action="store_true", help="load hotwire, every layer armed")
+    ap.add_argument("--max-seqs", type=int, default=256, help="requests in flight (served: 256)")
+    ap.add_argument("--requests", type=int, default=1024, help="requests in the timed load")
+    ap.add_argument("--max-batched-tokens", type=int, default=8192, help="as vllm serve's default on a GPU")
+    ap.add_argument("--profile-tokens", type=int, default=2048, help="prompt tokens of the profiled step")
+    ap.add_argument("--compile", action="store_true", help="on a CPU: torch.compile the model (default there: eager)")
+    ap.add_argument("--cprofile", type=int, default=0, metavar="STEPS",
+                    help="also run that many profiled steps under cProfile")
+    ap.add_argument("--repeat", type=int, default=200)
+    ap.add_argument("--out", type=Path)
+    ap.add_argument("--compare", type=Path, nargs=2, metavar=("A", "B"), help="print what differs between two outputs")
+    args = ap.parse_args()
+    if args.compare:
+        a, b = (json.loads(p.read_text()) for p in args.compare)
+        print(json.dumps(compare(a, b), indent=1))
+        return
+    if not (args.model and args.out):
+        ap.error("--model and --out are needed to measure")
+    result = measure(args)
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.write_text(json.dumps(result, indent=1))
+    print(json.dumps({k: result[k] for k in ("plugin", "device", "us_per_call")}, indent=1))
+    phases = result["phases"]
+    print(f"{phases['steps']} steps, {phases['step_ms']} ms a step, tokens per step {phases['per_step']}")
+    for name, p in phases["phases"].items():
+        per_call = p["wall_us"] / p["calls"] if p["calls"] else 0.0
+        print(f"  {name:26s} {p['wall_us']:10.1f} µs a step [CPU {p['cpu_us']:9.1f}], {p['calls']:6.3f} calls a step,"
+              f" {per_call:10.1f} µs a call")
+
+
+if __name__ == "__main__":
+    main()

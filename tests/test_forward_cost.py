@@ -1,0 +1,80 @@
+"""benchmarks/forward_cost.py: two runs' outputs compare phase by phase and call by call, and
+``BENCH_OP_OFF=graph`` (bench_site/op_off.py) takes the op out of an armed layer's forward."""
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).parents[1]
+sys.path.insert(0, str(ROOT / "benchmarks"))
+
+from forward_cost import compare  # noqa: E402
+
+
+def _run(forward_us: float, step_ms: float, runtime: dict, kernels: dict, ops: dict, functions: dict) -> dict:
+    return {"phases": {"step_ms": step_ms, "phases": {"forward:NONE": {"wall_us": forward_us, "calls": 0.2}}},
+            "us_per_call": {"triton_launch": 9.0},
+            "profile": {"runtime": runtime, "kernels": kernels, "ops": ops},
+            "python": {"steps": 10, "functions": functions}}
+
+
+def test_compare_lists_what_differs_and_by_how_much():
+    free = _run(1800.0, 6.9, {"cudaLaunchKernel": [100, 900.0]}, {"attn": [28, 50.0]},
+                {"aten::mm": [300, 2000.0], "aten::slice": [5000, 1400.0]},
+                {"jit.py:695(run)": [680, 8.0, 34.0], "graphs.py:137(replay)": [290, 4.5, 5.3]})
+    armed = _run(2600.0, 8.1, {"cudaLaunchKernel": [100, 950.0], "cudaMemcpyAsync": [2, 10.0]},
+                 {"attn": [28, 51.0], "steer": [28, 30.0]},
+                 {"aten::mm": [300, 2050.0], "aten::slice": [5000, 2200.0]},
+                 {"jit.py:695(run)": [680, 18.5, 46.0], "graphs.py:137(replay)": [290, 5.3, 6.3]})
+    out = compare(free, armed)
+    assert out["step_ms"] == [6.9, 8.1]
+    assert out["phases"]["forward:NONE"]["a_us"] == 1800.0 and out["phases"]["forward:NONE"]["b_us"] == 2600.0
+    assert out["runtime_differing"] == {"cudaMemcpyAsync": [None, [2, 10.0]]}  # counts differ only there
+    assert out["kernels_differing"] == {"steer": [None, [28, 30.0]]}
+    assert out["ops_differing"] == {}
+    assert list(out["ops_by_time"])[0] == "aten::slice"  # the largest change in time first
+    assert out["kernels_us"] == [50.0, 81.0]
+    assert list(out["python_own_ms_differing"])[0] == "jit.py:695(run)"
+
+
+def test_compare_needs_no_profile():
+    a = {"phases": {"step_ms": 1.0, "phases": {}}}
+    out = compare(a, a)
+    assert out["step_ms"] == [1.0, 1.0] and "runtime_differing" not in out and "python_own_ms_differing" not in out
+
+
+def test_op_off_graph_keeps_the_op_out_of_an_armed_layers_forward():
+    code = """
+import torch
+import op_off  # noqa: F401  (BENCH_OP_OFF=graph)
+from hotwire.engine_plugin import steer_op, steering
+calls = []
+steer_op.steer_ = steering.steer_ = lambda *a: calls.append(a)
+t = steering.SteeringTables(slots=2, hidden=4, armed=1, requests=2, entries=1, max_tokens=4,
+                            dtype=torch.float32, device=torch.device("cpu"))
+x = torch.ones(3, 4)
+out = t(x, None, torch.arange(3), t.layer(0))
+assert out is x and not calls, calls
+print("ok")
+"""
+    env = {**os.environ, "BENCH_OP_OFF": "graph",
+           "PYTHONPATH": os.pathsep.join([str(ROOT / "benchmarks" / "bench_site"), os.environ.get("PYTHONPATH", "")])}
+    done = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0 and done.stdout.strip() == "ok", done.stderr[-2000:]
+
+
+def test_without_op_off_the_same_layer_calls_the_op():
+    """The check above can fail: unpatched, the tables' forward calls the op."""
+    code = """
+import torch
+from hotwire.engine_plugin import steering
+calls = []
+steering.steer_ = lambda *a: calls.append(a)
+t = steering.SteeringTables(slots=2, hidden=4, armed=1, requests=2, entries=1, max_tokens=4,
+                            dtype=torch.float32, device=torch.device("cpu"))
+t(torch.ones(3, 4), None, torch.arange(3), t.layer(0))
+print(len(calls))
+"""
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0 and done.stdout.strip() == "1", done.stderr[-2000:]
