@@ -18,8 +18,9 @@ batch mixes arrivals and decodes as a served one does). Measured:
    (``bench_site/step_phases.py``: the forward's host time and GPU span per mode, per step);
 2. ``profile``: one graph-less step (``--profile-tokens`` prompt tokens at once) under torch's
    profiler: each CUDA runtime call and each kernel, with its count and total µs;
-3. ``python``: the same step ``--cprofile`` times under cProfile: the Python functions that take
-   the most time of their own (calls, own ms, cumulative ms, summed over the steps);
+3. ``python``: a served-shape load of ``--cprofile`` requests under cProfile: the Python functions
+   that take the most time of their own (calls, own ms, cumulative ms), and what the first of
+   them call;
 4. ``us_per_call``: a small torch launch, a small Triton launch, an allocation,
    ``torch.cuda.current_device`` and a few lines of plain Python, timed in a loop in this process:
    a process that launches (or interprets) more slowly shows here.
@@ -124,25 +125,33 @@ def _profile(llm, tokens: int, vocab: int) -> dict:
     return {"tokens": len(prompts) * PROMPT_LEN, "runtime": runtime, "kernels": kernels, "ops": ops}
 
 
-def _cprofile(llm, tokens: int, vocab: int, repeats: int, top: int = 80) -> dict:
-    """``repeats`` graph-less steps of ``tokens`` prompt tokens under cProfile: the ``top``
-    functions by own time, ``{"file:line(name)": [calls, own ms, cumulative ms]}``."""
+def _name(func: tuple) -> str:
+    f, line, name = func
+    return f"{Path(f).name}:{line}({name})"
+
+
+def _cprofile(llm, requests: int, vocab: int, top: int = 80, callees_of: int = 12) -> dict:
+    """A served-shape load of ``requests`` requests under cProfile: the ``top`` functions by own
+    time, ``{"file:line(name)": [calls, own ms, cumulative ms]}``, and for the ``callees_of`` first
+    of them what they call, with the same three figures for the calls from there."""
     import cProfile
     import pstats
 
-    from vllm import SamplingParams
-
-    prompts = _prompts(max(1, tokens // PROMPT_LEN), vocab, PROMPT_LEN, seed=11)
-    params = SamplingParams(max_tokens=1, temperature=0)
     prof = cProfile.Profile()
     prof.enable()
-    for _ in range(repeats):
-        llm.generate(prompts, params, use_tqdm=False)
+    _load(llm, requests, vocab, seed=4)
     prof.disable()
     stats = pstats.Stats(prof).stats
     rows = sorted(stats.items(), key=lambda kv: -kv[1][2])[:top]
-    return {"steps": repeats, "functions": {f"{Path(f).name}:{line}({name})": [nc, round(tt * 1e3, 2), round(ct * 1e3, 2)]
-                                           for (f, line, name), (_, nc, tt, ct, _) in rows}}
+    callees: dict[str, dict[str, list]] = {}
+    heads = {func: _name(func) for func, _ in rows[:callees_of]}
+    for func, (*_, callers) in stats.items():
+        for caller, (_, nc, tt, ct) in callers.items():
+            if caller in heads:
+                callees.setdefault(heads[caller], {})[_name(func)] = [nc, round(tt * 1e3, 2), round(ct * 1e3, 2)]
+    return {"requests": requests,
+            "functions": {_name(func): [nc, round(tt * 1e3, 2), round(ct * 1e3, 2)] for func, (_, nc, tt, ct, _) in rows},
+            "callees": callees}
 
 
 def measure(args) -> dict:
@@ -186,7 +195,7 @@ def measure(args) -> dict:
     if cuda:
         result["profile"] = _profile(llm, args.profile_tokens, vocab)
     if args.cprofile:
-        result["python"] = _cprofile(llm, args.profile_tokens, vocab, args.cprofile)
+        result["python"] = _cprofile(llm, args.cprofile, vocab)
     device = torch.device("cuda" if cuda else "cpu")
     x = torch.ones(1024, device=device)
     sync = torch.cuda.synchronize if cuda else (lambda: None)
@@ -241,8 +250,8 @@ def main() -> None:
     ap.add_argument("--max-batched-tokens", type=int, default=8192, help="as vllm serve's default on a GPU")
     ap.add_argument("--profile-tokens", type=int, default=2048, help="prompt tokens of the profiled step")
     ap.add_argument("--compile", action="store_true", help="on a CPU: torch.compile the model (default there: eager)")
-    ap.add_argument("--cprofile", type=int, default=0, metavar="STEPS",
-                    help="also run that many profiled steps under cProfile")
+    ap.add_argument("--cprofile", type=int, default=0, metavar="REQUESTS",
+                    help="also run a load of that many requests under cProfile")
     ap.add_argument("--repeat", type=int, default=200)
     ap.add_argument("--out", type=Path)
     ap.add_argument("--compare", type=Path, nargs=2, metavar=("A", "B"), help="print what differs between two outputs")
