@@ -13,7 +13,8 @@ ratio, with the moving-block bootstrap 95 % interval ``serve_throughput.py`` use
 
 Why several runs: one run fits one device call (about 45 windows after the servers' start-up), and
 its interval is about 3 % wide, where the served target needs one under 2 %. Runs of one setup
-(the same servers side by side, model shape, engine arguments, load, vLLM and GPU; :data:`SETUP`) pool their windows:
+(the same servers side by side, model shape, engine arguments, load, vLLM and GPU, step phases
+timed or not; :data:`SETUP`) pool their windows:
 ``pair_ratio.py RUN1.json RUN2.json plugin_free hotwire``. Each run is resampled in its own blocks
 (``serving.pooled_median_ci``); runs of different setups are refused, naming what differs.
 """
@@ -28,7 +29,9 @@ from serving import median, median_ci, pooled_median_ci
 
 # what runs must share to pool their windows (a result's keys)
 SETUP = ("servers", "shape", "config", "engine", "design", "window_s", "prompt_len", "max_tokens_range",
-         "steered_fraction", "spec_pool", "mps", "env", "vllm", "gpu")
+         "steered_fraction", "spec_pool", "mps", "env", "vllm", "gpu", "step_phases_timed")
+# a key older results lack, and what it meant then (step phases were not timed before session 24)
+SETUP_DEFAULTS = {"step_phases_timed": False}
 
 
 def pair(samples: list[dict], a: str, b: str) -> dict[int, dict]:
@@ -66,7 +69,7 @@ def pooled_report(results: list[dict], a: str, b: str, block: int) -> list[str]:
     """:func:`report` over several runs of one setup: per concurrency, the median of every run's
     windows, the pooled interval, and each run's own median."""
     for key in SETUP:
-        seen = {json.dumps(r.get(key), sort_keys=True) for r in results}
+        seen = {json.dumps(r.get(key, SETUP_DEFAULTS.get(key)), sort_keys=True) for r in results}
         if len(seen) > 1:
             raise SystemExit(f"the runs differ in {key!r} ({' vs '.join(sorted(seen))}): only runs of one setup pool")
     runs: dict[int, list[list[float]]] = {}

@@ -250,3 +250,8 @@ def test_pair_ratio_pools_runs_of_one_setup_and_refuses_others():
     assert lines == ["C=256: hw/pf tokens/s 0.9000 [0.9000-0.9000] over 8 windows of 2 runs (each run: 0.9000, 0.9500)"]
     with pytest.raises(SystemExit, match="'vllm'"):
         pair_ratio.pooled_report([run([0.9]), run([0.9], vllm="0.32.0")], "pf", "hw", 3)
+    # the step-phase timers cost about 10 µs a step: a timed run pools only with timed ones
+    with pytest.raises(SystemExit, match="'step_phases_timed'"):
+        pair_ratio.pooled_report([run([0.9]), run([0.9], step_phases_timed=True)], "pf", "hw", 3)
+    # a result from before the key existed was not timed
+    assert pair_ratio.pooled_report([run([0.9]), run([0.9], step_phases_timed=False)], "pf", "hw", 3)
