@@ -16,12 +16,16 @@ batch mixes arrivals and decodes as a served one does). Measured:
 
 1. ``phases``: the engine's step phases over ``--requests`` requests after a warm-up batch
    (``bench_site/step_phases.py``: the forward's host time and GPU span per mode, per step);
-2. ``profile``: one graph-less step (``--profile-tokens`` prompt tokens at once) under torch's
-   profiler: each CUDA runtime call and each kernel, with its count and total µs;
+2. ``profile``: one step of ``--profile-tokens`` prompt tokens (PIECEWISE on an H100 at 2048), then
+   a short served-shape load, under torch's profiler: each CUDA runtime call, kernel and host op,
+   with its count and total µs;
 3. ``python``: a served-shape load of ``--cprofile`` requests under cProfile: the Python functions
    that take the most time of their own (calls, own ms, cumulative ms), and what the first of
    them call;
-4. ``us_per_call``: a small torch launch, a small Triton launch, an allocation,
+4. ``triton_launches`` and ``pointer_check_us``: on CUDA, Triton's launches during a load after
+   the timed one, kernel by kernel, the launcher apart (``triton_launches.py``), and the driver's pointer check
+   on the tensors the most launched kernels were last given;
+5. ``us_per_call``: a small torch launch, a small Triton launch, an allocation,
    ``torch.cuda.current_device`` and a few lines of plain Python, timed in a loop in this process:
    a process that launches (or interprets) more slowly shows here.
 
@@ -154,6 +158,31 @@ def _cprofile(llm, requests: int, vocab: int, top: int = 80, callees_of: int = 1
             "callees": callees}
 
 
+def _launch_timers():
+    """Triton's launches timed, kernel by kernel, from now on (None where they cannot be)."""
+    import triton_launches
+
+    try:
+        timers = triton_launches.install()
+    except (ImportError, AttributeError) as e:
+        print(f"Triton's launches are not timed: {e!r}", file=sys.stderr)
+        return None
+    timers.on = True
+    return timers
+
+
+def _pointer_checks(timers, torch) -> dict[str, float]:
+    """The driver's pointer check on the last tensors the most launched kernels were given, and on
+    a fresh allocation for comparison."""
+    import triton_launches
+
+    tensors = {"fresh_allocation": torch.empty(4096, device="cuda"), **timers.pointers()}
+    try:
+        return triton_launches.pointer_check_us(tensors)
+    except (OSError, AttributeError) as e:
+        return {"error": repr(e)}
+
+
 def measure(args) -> dict:
     phases_dir = Path(tempfile.mkdtemp(prefix="forward-cost-"))
     os.environ.update(VLLM_ENABLE_V1_MULTIPROCESSING="0", VLLM_PLUGINS="hotwire" if args.plugin else "none",
@@ -189,9 +218,16 @@ def measure(args) -> dict:
         torch.cuda.synchronize()
     step_phases.read_events()
     last = step_phases.snapshot()
+    timers = _launch_timers() if cuda else None
+    if timers is not None:  # on a load of its own: the timed one above stays as deployed
+        _load(llm, args.max_seqs, vocab, seed=5)
+        timers.on = False
     result = {"command": " ".join([Path(sys.executable).name] + sys.argv), "plugin": args.plugin,
               "device": torch.cuda.get_device_name() if cuda else "cpu", "engine": engine,
               "phases": step_phases.per_step(first, last)}
+    if timers is not None:
+        result["triton_launches"] = timers.report()
+        result["pointer_check_us"] = _pointer_checks(timers, torch)
     if cuda:
         result["profile"] = _profile(llm, args.profile_tokens, vocab)
     if args.cprofile:
@@ -223,6 +259,10 @@ def compare(a: dict, b: dict) -> dict:
               for name in sorted(set(pa) | set(pb))}
     out = {"step_ms": [a["phases"]["step_ms"], b["phases"]["step_ms"]], "phases": phases,
            "us_per_call": [a.get("us_per_call"), b.get("us_per_call")]}
+    for part in ("triton_launches", "pointer_check_us"):
+        if part in a or part in b:
+            ka, kb = a.get(part, {}), b.get(part, {})
+            out[part] = {k: [ka.get(k), kb.get(k)] for k in sorted(set(ka) | set(kb))}
     if "profile" in a and "profile" in b:
         for part in ("runtime", "kernels", "ops"):
             ra, rb = a["profile"].get(part, {}), b["profile"].get(part, {})

@@ -27,8 +27,10 @@ def test_compare_lists_what_differs_and_by_how_much():
                  {"attn": [28, 51.0], "steer": [28, 30.0]},
                  {"aten::mm": [300, 2050.0], "aten::slice": [5000, 2200.0]},
                  {"jit.py:695(run)": [680, 18.5, 46.0], "graphs.py:137(replay)": [290, 5.3, 6.3]})
+    armed["triton_launches"] = {"attn": {"calls": 28, "run_us": 27.0, "launcher_us": 9.0}}
     out = compare(free, armed)
     assert out["step_ms"] == [6.9, 8.1]
+    assert out["triton_launches"] == {"attn": [None, {"calls": 28, "run_us": 27.0, "launcher_us": 9.0}]}
     assert out["phases"]["forward:NONE"]["a_us"] == 1800.0 and out["phases"]["forward:NONE"]["b_us"] == 2600.0
     assert out["runtime_differing"] == {"cudaMemcpyAsync": [None, [2, 10.0]]}  # counts differ only there
     assert out["kernels_differing"] == {"steer": [None, [28, 30.0]]}
@@ -78,3 +80,58 @@ print(len(calls))
 """
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert done.returncode == 0 and done.stdout.strip() == "1", done.stderr[-2000:]
+
+
+def test_triton_launch_timers_report_per_call_and_keep_the_last_tensors():
+    import torch
+    from triton_launches import Timers
+
+    timers = Timers()
+    for name, n, run_ns, launcher_ns in (("attn", 4, 80_000, 20_000), ("cache", 2, 10_000, 6_000)):
+        timers.calls[name], timers.run_ns[name], timers.launcher_ns[name] = n, run_ns, launcher_ns
+    q, out = torch.zeros(2), torch.zeros(3)
+    timers.last_args = {"attn": {"q": q, "out": out}, "cache": {"key": q}}
+    assert timers.report() == {"attn": {"calls": 4, "run_us": 20.0, "launcher_us": 5.0},
+                               "cache": {"calls": 2, "run_us": 5.0, "launcher_us": 3.0}}
+    assert list(timers.report()) == ["attn", "cache"]  # the most launched first
+    assert timers.pointers(kernels=1) == {"attn:q": q, "attn:out": out}
+
+
+def test_triton_launch_timers_wrap_the_jit_run_and_the_launcher(monkeypatch):
+    """With a stand-in for Triton's two classes: a launch inside ``run`` counts for its kernel,
+    the launcher's time apart, and nothing is counted while the timers are off."""
+    import types
+
+    import torch
+    import triton_launches
+
+    class Launcher:
+        def __call__(self, *args):
+            return "launched"
+
+    class JITFunction:
+        def __init__(self, name):
+            self.__name__, self.arg_names, self.launcher = name, ["q", "n"], Launcher()
+
+        def run(self, *args, grid, warmup, **kwargs):
+            return self.launcher(*args)
+
+    runtime = types.ModuleType("triton.runtime")
+    runtime.driver = types.SimpleNamespace(active=types.SimpleNamespace(launcher_cls=Launcher))
+    jit = types.ModuleType("triton.runtime.jit")
+    jit.JITFunction = JITFunction
+    monkeypatch.setitem(sys.modules, "triton", types.ModuleType("triton"))
+    monkeypatch.setitem(sys.modules, "triton.runtime", runtime)
+    monkeypatch.setitem(sys.modules, "triton.runtime.jit", jit)
+    timers = triton_launches.install()
+    kernel, q = JITFunction("kernel_unified_attention"), torch.zeros(4)
+    assert kernel.run(q, 4, grid=(1,), warmup=False) == "launched"
+    assert timers.calls == {}  # off
+    timers.on = True
+    for _ in range(3):
+        kernel.run(q, 4, grid=(1,), warmup=False)
+    Launcher()(1)  # a launch outside any run (inductor's own launches): not counted
+    report = timers.report()["kernel_unified_attention"]
+    assert report["calls"] == 3 and report["run_us"] >= report["launcher_us"] > 0
+    assert list(timers.launcher_ns) == ["kernel_unified_attention"]
+    assert timers.pointers() == {"kernel_unified_attention:q": q}
