@@ -66,6 +66,27 @@ print("ok")
     assert done.returncode == 0 and done.stdout.strip() == "ok", done.stderr[-2000:]
 
 
+def test_op_off_bare_op_puts_a_bare_in_place_op_where_hotwires_was():
+    code = """
+import torch
+import op_off  # noqa: F401  (BENCH_OP_OFF=bare_op)
+from hotwire.engine_plugin import steering
+calls = []
+steering.steer_ = lambda *a: calls.append(a)
+t = steering.SteeringTables(slots=2, hidden=4, armed=1, requests=2, entries=1, max_tokens=4,
+                            dtype=torch.float32, device=torch.device("cpu"))
+x = torch.ones(3, 4)
+traced = torch.fx.experimental.proxy_tensor.make_fx(lambda x: t(x, None, torch.arange(3), t.layer(0)))(x)
+ops = [str(n.target) for n in traced.graph.nodes if n.op == "call_function"]
+assert not calls and "hotwire_bench.touch_.default" in ops, (calls, ops)
+print("ok")
+"""
+    env = {**os.environ, "BENCH_OP_OFF": "bare_op",
+           "PYTHONPATH": os.pathsep.join([str(ROOT / "benchmarks" / "bench_site"), os.environ.get("PYTHONPATH", "")])}
+    done = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0 and done.stdout.strip() == "ok", done.stderr[-2000:]
+
+
 def test_without_op_off_the_same_layer_calls_the_op():
     """The check above can fail: unpatched, the tables' forward calls the op."""
     code = """

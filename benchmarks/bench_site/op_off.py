@@ -15,9 +15,15 @@ set ``BENCH_OP_OFF`` (``server_kinds.py``: ``hotwire_host_only``, ``hotwire_grap
 * ``graph``: the layers are armed (their class, the tables as their buffers) but their forward
   never calls the op, so the compiled graph has none. Beside ``hotwire``: what the op's place in
   the compiled graph costs, launches or not.
+* ``bare_op``: as ``graph``, but the forward calls a bare in-place op on the layer's output
+  (``hotwire_bench::touch_(Tensor(a!) x)``, which does nothing): an op node where hotwire's is,
+  without the tables, the positions and the routing as its inputs. Beside ``graph`` and
+  ``hotwire``: whether the op node itself or what flows into it costs.
 """
 
 import os
+
+import torch
 
 from hotwire.engine_plugin import engine, idle_graphs, steer_op, steering
 
@@ -27,6 +33,18 @@ if where == "all":
     idle_graphs.select = lambda idle: _select(True)
 elif where == "graph":
     steering.SteeringTables.forward = lambda self, x, residual, positions, route: x
+elif where == "bare_op":
+    _LIB = torch.library.Library("hotwire_bench", "DEF")  # kept: the op lives as long as its library
+    _LIB.define("touch_(Tensor(a!) x) -> ()")
+    _LIB.impl("touch_", lambda x: None, "CompositeExplicitAutograd")
+    torch.library.register_fake("hotwire_bench::touch_")(lambda x: None)
+    _touch = torch.ops.hotwire_bench.touch_.default
+
+    def _touched(self, x, residual, positions, route):
+        _touch(x)
+        return x
+
+    steering.SteeringTables.forward = _touched
 elif where == "dispatch":
     steer_op.steer_._op = steer_op.steer_._op.__wrapped__
 elif where == "eager":
