@@ -29,6 +29,13 @@
 #                                           # hotwire sent no spec (two graph sets, then one), hotwire loaded
 #                                           # with no layer armed; S = plugin-free, hotwire sent no spec armed
 #                                           # on 2, 14 and all 28 layers
+#   bash benchmarks/h200.sh forward OUTDIR [ROUND...]  # one engine alone at a time (forward_cost.py, ~70 s
+#                                           # each, HOTWIRE_JOB_LIMIT=120 fits): what armed layers cost
+#                                           # the forward, unsteered, Qwen3 0.6B shape. Round 1 = plugin-free
+#                                           # and all armed (both also under cProfile), the op out of the
+#                                           # graph, a bare op in its place, the mailbox off; 2 = plugin-free,
+#                                           # all armed; 3 = plugin-free, out of the graph, bare op, all armed;
+#                                           # each compared with its round's plugin-free engine
 #   bash benchmarks/h200.sh pair   OUTDIR   # two GPUs: TP=2 and PP=2 servers with runtime registration
 #                                           # (tests/test_e2e_parallel.py as deployed: bf16, graphs on)
 #   bash benchmarks/h200.sh all    OUTDIR   # the four stages one after another (0.6B, 4B, 8B; 64, 256 in
@@ -42,9 +49,9 @@
 set -u
 stage=${1:-} out=${2:-}
 case $stage in
-  checks|matrix|perf|serve|split|pair|all) [ -n "$out" ] ;;
+  checks|matrix|perf|serve|split|forward|pair|all) [ -n "$out" ] ;;
   *) false ;;
-esac || { echo "usage: $0 checks|matrix|perf|serve|split|pair|all OUTDIR [ARGS...]" >&2; exit 2; }
+esac || { echo "usage: $0 checks|matrix|perf|serve|split|forward|pair|all OUTDIR [ARGS...]" >&2; exit 2; }
 shift 2
 mkdir -p "$out/logs"
 limit=${HOTWIRE_JOB_LIMIT:-540}
@@ -141,6 +148,35 @@ split() {  # split [A|B]: one simultaneous run under MPS, hotwire beside kinds t
     --concurrency 256 --budget-s 420 --servers "${servers[@]}" --rotate-cores 4 --step-phases \
     --out "$out/split-${1:-A}.json"
   wait
+}
+
+forward() {  # forward [ROUND...]: engines one after another, alone on the GPU (a job each, not at once)
+  python3 -c "from hotwire.tools.tiny_model import write_config; write_config('/tmp/hw-q06', 'qwen3-0.6b')"
+  local round kinds kind name flag envs prof
+  for round in "${@:-1}"; do
+    case $round in
+      1) kinds="free armed28 graph bare_op no_mailbox" ;;
+      2) kinds="free armed28" ;;
+      3) kinds="free graph bare_op armed28" ;;
+      *) echo "forward rounds are 1, 2 or 3" >&2; return 2 ;;
+    esac
+    for kind in $kinds; do
+      flag=--plugin envs=() prof=()
+      case $kind in
+        free) flag="" ;;
+        graph|bare_op) envs=(BENCH_OP_OFF=$kind) ;;
+        no_mailbox) envs=(HOTWIRE_MAILBOX=off) ;;
+      esac
+      [ "$round" = 1 ] && { [ $kind = free ] || [ $kind = armed28 ]; } && prof=(--cprofile 128)
+      name=fc-$kind-$round
+      job "$name" env "${envs[@]}" python3 benchmarks/forward_cost.py --model /tmp/hw-q06 --dummy --requests 512 \
+        "${prof[@]}" $flag --out "$out/$name.json"
+      wait
+      grep "forward:NONE\|forward:PIECE\| schedule \|steps,\|exit status" "$out/logs/$name.log"
+      [ $kind = free ] || [ ! -f "$out/fc-free-$round.json" ] || [ ! -f "$out/$name.json" ] \
+        || python3 benchmarks/forward_cost.py --compare "$out/fc-free-$round.json" "$out/$name.json" >"$out/compare-$name.json"
+    done
+  done
 }
 
 if [ "$stage" = all ]; then
