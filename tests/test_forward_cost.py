@@ -46,61 +46,47 @@ def test_compare_needs_no_profile():
     assert out["step_ms"] == [1.0, 1.0] and "runtime_differing" not in out and "python_own_ms_differing" not in out
 
 
-def test_op_off_graph_keeps_the_op_out_of_an_armed_layers_forward():
-    code = """
+_TABLES = """
 import torch
-import op_off  # noqa: F401  (BENCH_OP_OFF=graph)
-from hotwire.engine_plugin import steer_op, steering
+from hotwire.engine_plugin import steering
 calls = []
-steer_op.steer_ = steering.steer_ = lambda *a: calls.append(a)
+steering.steer_ = lambda *a: calls.append(a)  # hotwire's op, recorded instead of run
 t = steering.SteeringTables(slots=2, hidden=4, armed=1, requests=2, entries=1, max_tokens=4,
                             dtype=torch.float32, device=torch.device("cpu"))
 x = torch.ones(3, 4)
-out = t(x, None, torch.arange(3), t.layer(0))
-assert out is x and not calls, calls
-print("ok")
 """
-    env = {**os.environ, "BENCH_OP_OFF": "graph",
-           "PYTHONPATH": os.pathsep.join([str(ROOT / "benchmarks" / "bench_site"), os.environ.get("PYTHONPATH", "")])}
-    done = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=120)
-    assert done.returncode == 0 and done.stdout.strip() == "ok", done.stderr[-2000:]
+
+
+def _armed_layer(check: str, op_off: str | None = None) -> str:
+    """Run ``check`` after one armed layer's tables are built (``t``, input ``x``, the op's calls
+    in ``calls``), in a fresh interpreter with ``bench_site/op_off.py`` imported first when
+    ``op_off`` names a mode; its output."""
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT / "benchmarks" / "bench_site"),
+                                                        os.environ.get("PYTHONPATH", "")])}
+    prelude = ""
+    if op_off is not None:
+        env["BENCH_OP_OFF"], prelude = op_off, "import op_off  # noqa: F401\n"
+    done = subprocess.run([sys.executable, "-c", prelude + _TABLES + check], env=env, capture_output=True,
+                          text=True, timeout=120)
+    assert done.returncode == 0, done.stderr[-2000:]
+    return done.stdout.strip()
+
+
+def test_op_off_graph_keeps_the_op_out_of_an_armed_layers_forward():
+    assert _armed_layer("out = t(x, None, torch.arange(3), t.layer(0)); print(out is x, len(calls))", "graph") == "True 0"
 
 
 def test_op_off_bare_op_puts_a_bare_in_place_op_where_hotwires_was():
-    code = """
-import torch
-import op_off  # noqa: F401  (BENCH_OP_OFF=bare_op)
-from hotwire.engine_plugin import steering
-calls = []
-steering.steer_ = lambda *a: calls.append(a)
-t = steering.SteeringTables(slots=2, hidden=4, armed=1, requests=2, entries=1, max_tokens=4,
-                            dtype=torch.float32, device=torch.device("cpu"))
-x = torch.ones(3, 4)
+    check = """
 traced = torch.fx.experimental.proxy_tensor.make_fx(lambda x: t(x, None, torch.arange(3), t.layer(0)))(x)
-ops = [str(n.target) for n in traced.graph.nodes if n.op == "call_function"]
-assert not calls and "hotwire_bench.touch_.default" in ops, (calls, ops)
-print("ok")
+print(len(calls), [str(n.target) for n in traced.graph.nodes if n.op == "call_function"][-1])
 """
-    env = {**os.environ, "BENCH_OP_OFF": "bare_op",
-           "PYTHONPATH": os.pathsep.join([str(ROOT / "benchmarks" / "bench_site"), os.environ.get("PYTHONPATH", "")])}
-    done = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=120)
-    assert done.returncode == 0 and done.stdout.strip() == "ok", done.stderr[-2000:]
+    assert _armed_layer(check, "bare_op") == "0 hotwire_bench.touch_.default"
 
 
 def test_without_op_off_the_same_layer_calls_the_op():
-    """The check above can fail: unpatched, the tables' forward calls the op."""
-    code = """
-import torch
-from hotwire.engine_plugin import steering
-calls = []
-steering.steer_ = lambda *a: calls.append(a)
-t = steering.SteeringTables(slots=2, hidden=4, armed=1, requests=2, entries=1, max_tokens=4,
-                            dtype=torch.float32, device=torch.device("cpu"))
-t(torch.ones(3, 4), None, torch.arange(3), t.layer(0))
-print(len(calls))
-"""
-    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
-    assert done.returncode == 0 and done.stdout.strip() == "1", done.stderr[-2000:]
+    """The two checks above can fail: unpatched, the tables' forward calls the op."""
+    assert _armed_layer("t(x, None, torch.arange(3), t.layer(0)); print(len(calls))") == "1"
 
 
 def test_triton_launch_timers_report_per_call_and_keep_the_last_tensors():
