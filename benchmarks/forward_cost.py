@@ -23,8 +23,8 @@ batch mixes arrivals and decodes as a served one does). Measured:
    that take the most time of their own (calls, own ms, cumulative ms), and what the first of
    them call;
 4. ``triton_launches`` and ``pointer_check_us``: on CUDA, Triton's launches during a load after
-   the timed one, kernel by kernel, the launcher apart (``triton_launches.py``), and the driver's pointer check
-   on the tensors the most launched kernels were last given;
+   the timed one, kernel by kernel, the launcher apart (``triton_launches.py``), and the driver's
+   pointer check on the tensors the most launched kernels were last given;
 5. ``us_per_call``: a small torch launch, a small Triton launch, an allocation,
    ``torch.cuda.current_device`` and a few lines of plain Python, timed in a loop in this process:
    a process that launches (or interprets) more slowly shows here.
@@ -171,9 +171,10 @@ def _launch_timers():
     return timers
 
 
-def _pointer_checks(timers, torch) -> dict[str, float]:
+def _pointer_checks(timers) -> dict[str, float]:
     """The driver's pointer check on the last tensors the most launched kernels were given, and on
     a fresh allocation for comparison."""
+    import torch
     import triton_launches
 
     tensors = {"fresh_allocation": torch.empty(4096, device="cuda"), **timers.pointers()}
@@ -227,7 +228,7 @@ def measure(args) -> dict:
               "phases": step_phases.per_step(first, last)}
     if timers is not None:
         result["triton_launches"] = timers.report()
-        result["pointer_check_us"] = _pointer_checks(timers, torch)
+        result["pointer_check_us"] = _pointer_checks(timers)
     if cuda:
         result["profile"] = _profile(llm, args.profile_tokens, vocab)
     if args.cprofile:
@@ -251,8 +252,10 @@ def measure(args) -> dict:
 
 
 def compare(a: dict, b: dict) -> dict:
-    """What differs between two runs (``b`` minus ``a``): host and GPU µs per step of each forward
-    mode, the other phases, and every runtime call or kernel whose count differs."""
+    """What differs between two runs (``b`` beside ``a``): every phase's µs and calls per step,
+    the small timings, Triton's launches and pointer checks where both runs have them, and from
+    the profiles the runtime calls, kernels and host ops whose counts differ, the 25 whose time
+    differs most, and the cProfile functions whose own time differs most."""
     pa, pb = a["phases"]["phases"], b["phases"]["phases"]
     phases = {name: {"a_us": pa.get(name, {}).get("wall_us"), "b_us": pb.get(name, {}).get("wall_us"),
                      "a_calls": pa.get(name, {}).get("calls"), "b_calls": pb.get(name, {}).get("calls")}
