@@ -25,7 +25,9 @@ batch mixes arrivals and decodes as a served one does). Measured:
 4. ``triton_launches`` and ``pointer_check_us``: on CUDA, Triton's launches during a load after
    the timed one, kernel by kernel, the launcher apart (``triton_launches.py``), and the driver's
    pointer check on the tensors the most launched kernels were last given;
-5. ``us_per_call``: a small torch launch, a small Triton launch, an allocation,
+5. ``host_state``: what the interpreter runs with after the load and inside a forward (trace and
+   profile functions, Dynamo's frame callback, torch modes, threads, the heap: ``host_state.py``);
+6. ``us_per_call``: a small torch launch, a small Triton launch, an allocation,
    ``torch.cuda.current_device`` and a few lines of plain Python, timed in a loop in this process:
    a process that launches (or interprets) more slowly shows here.
 
@@ -190,6 +192,7 @@ def measure(args) -> dict:
                       BENCH_PHASES_DIR=str(phases_dir))
     os.environ.setdefault("HOTWIRE_LAYERS", "all")
     sys.path[:0] = [str(HERE / "bench_site"), str(HERE)]
+    import host_state
     import step_phases
 
     step_phases.install()  # before vLLM's engine core is imported
@@ -221,13 +224,17 @@ def measure(args) -> dict:
     last = step_phases.snapshot()
     timers = _launch_timers() if cuda else None
     if timers is not None:  # on a load of its own: the timed one above stays as deployed
+        in_forward, undo = host_state.in_forward()
         _load(llm, args.max_seqs, vocab, seed=5)
         timers.on = False
+        undo()
     result = {"command": " ".join([Path(sys.executable).name] + sys.argv), "plugin": args.plugin,
               "device": torch.cuda.get_device_name() if cuda else "cpu", "engine": engine,
-              "phases": step_phases.per_step(first, last)}
+              "phases": step_phases.per_step(first, last),
+              "host_state": {"after_load": host_state.snapshot()}}
     if timers is not None:
         result["triton_launches"] = timers.report()
+        result["host_state"]["in_forward"] = in_forward
         result["pointer_check_us"] = _pointer_checks(timers)
     if cuda:
         result["profile"] = _profile(llm, args.profile_tokens, vocab)
@@ -262,7 +269,7 @@ def compare(a: dict, b: dict) -> dict:
               for name in sorted(set(pa) | set(pb))}
     out = {"step_ms": [a["phases"]["step_ms"], b["phases"]["step_ms"]], "phases": phases,
            "us_per_call": [a.get("us_per_call"), b.get("us_per_call")]}
-    for part in ("triton_launches", "pointer_check_us"):
+    for part in ("triton_launches", "pointer_check_us", "host_state"):
         if part in a or part in b:
             ka, kb = a.get(part, {}), b.get(part, {})
             out[part] = {k: [ka.get(k), kb.get(k)] for k in sorted(set(ka) | set(kb))}

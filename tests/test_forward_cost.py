@@ -142,3 +142,33 @@ def test_triton_launch_timers_wrap_the_jit_run_and_the_launcher(monkeypatch):
     assert report["calls"] == 3 and report["run_us"] >= report["launcher_us"] > 0
     assert list(timers.launcher_ns) == ["kernel_unified_attention"]
     assert timers.pointers() == {"kernel_unified_attention:q": q}
+
+
+def test_host_state_sees_inside_the_forward_what_is_not_there_after_it(monkeypatch):
+    """The probe records the state at the first launch only, where a profile function set for
+    the forward is seen; the snapshot after it is not; ``undo`` puts ``run`` back."""
+    import types
+
+    import host_state
+
+    class JITFunction:
+        def run(self, *args, **kwargs):
+            return "launched"
+
+    jit = types.ModuleType("triton.runtime.jit")
+    jit.JITFunction = JITFunction
+    monkeypatch.setitem(sys.modules, "triton.runtime.jit", jit)
+    original = JITFunction.run
+    seen, undo = host_state.in_forward()
+    assert seen == {}
+    profiler = lambda *a: None  # noqa: E731
+    sys.setprofile(profiler)
+    try:
+        assert JITFunction().run(1) == "launched"
+    finally:
+        sys.setprofile(None)
+    JITFunction().run(2)  # later launches change nothing
+    undo()
+    assert seen["profile"] == repr(profiler) and "MainThread" in seen["threads"]
+    assert host_state.snapshot()["profile"] == "None"
+    assert JITFunction.run is original

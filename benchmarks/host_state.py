@@ -1,0 +1,58 @@
+"""Benchmark only: what the interpreter runs the forward with.
+
+Why: with hotwire's layers armed, plain host code (a Triton launch's Python, small torch calls)
+runs slower inside the forward than the same code timed in a loop after the load
+(``docs/performance.md``, "Session 25"). Things that tax every frame or every call only while
+they are active would do that: a trace or profile function, Dynamo's frame callback, a torch
+function or dispatch mode, another thread taking the GIL. (Garbage collections are timed by
+``bench_site/step_phases.py``: level with and without the plugin.)
+
+* :func:`snapshot` — that state, as JSON;
+* :func:`in_forward` — the same state seen from inside the forward, at its first Triton launch.
+"""
+
+from __future__ import annotations
+
+import gc
+import sys
+import threading
+from typing import Any
+
+
+def snapshot() -> dict[str, Any]:
+    import torch
+
+    state: dict[str, Any] = {
+        "trace": repr(sys.gettrace()), "profile": repr(sys.getprofile()),
+        "switch_interval_s": sys.getswitchinterval(),
+        "threads": sorted(t.name for t in threading.enumerate()),
+        "grad_enabled": torch.is_grad_enabled(), "inference_mode": torch.is_inference_mode_enabled(),
+        "torch_function_modes": torch._C._len_torch_function_stack(),
+        "torch_dispatch_modes": torch._C._len_torch_dispatch_stack(),
+        "gc_counts": list(gc.get_count()), "gc_thresholds": list(gc.get_threshold()),
+        "gc_tracked": len(gc.get_objects()), "gc_frozen": gc.get_freeze_count(),
+    }
+    try:
+        from torch._C._dynamo.eval_frame import get_eval_frame_callback
+
+        state["dynamo_frame_callback"] = repr(get_eval_frame_callback())
+    except ImportError:
+        pass
+    return state
+
+
+def in_forward() -> tuple[dict[str, Any], Any]:
+    """``(seen, undo)``: ``seen`` fills with :func:`snapshot` at the next Triton launch (inside a
+    forward when an engine runs next); ``undo()`` removes the probe."""
+    from triton.runtime.jit import JITFunction
+
+    seen: dict[str, Any] = {}
+    run = JITFunction.run
+
+    def probed(self, *args, **kwargs):
+        if not seen:
+            seen.update(snapshot())
+        return run(self, *args, **kwargs)
+
+    JITFunction.run = probed
+    return seen, lambda: setattr(JITFunction, "run", run)
