@@ -4,8 +4,9 @@ Why: with hotwire's layers armed, plain host code (a Triton launch's Python, sma
 runs slower inside the forward than the same code timed in a loop after the load
 (``docs/performance.md``, "Session 25"). Things that tax every frame or every call only while
 they are active would do that: a trace or profile function, Dynamo's frame callback, a torch
-function or dispatch mode, another thread taking the GIL. (Garbage collections are timed by
-``bench_site/step_phases.py``: level with and without the plugin.)
+function or dispatch mode, another thread taking the GIL; or more distinct compiled code to run
+(vLLM's compilation counters). Garbage collections are timed by ``bench_site/step_phases.py``:
+level with and without the plugin.
 
 * :func:`snapshot` — that state, as JSON;
 * :func:`in_forward` — the same state seen from inside the forward, at its first Triton launch.
@@ -38,6 +39,9 @@ def snapshot() -> dict[str, Any]:
         state["dynamo_frame_callback"] = repr(get_eval_frame_callback())
     except ImportError:
         pass
+    counter = sys.modules.get("vllm.compilation.counter")
+    if counter is not None:  # how many pieces inductor compiled: identical pieces share their code
+        state["vllm_compilation"] = {k: v for k, v in vars(counter.compilation_counter).items() if v}
     return state
 
 
