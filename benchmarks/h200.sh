@@ -34,8 +34,8 @@
 #                                           # the forward, unsteered, Qwen3 0.6B shape. Round 1 = plugin-free
 #                                           # and all armed (both also under cProfile), the op out of the
 #                                           # graph, a bare op in its place, the mailbox off; 2 = plugin-free,
-#                                           # all armed; 3 = plugin-free, out of the graph, bare op, the
-#                                           # mailbox off, all armed (no cProfile);
+#                                           # all armed; 3 = plugin-free, all armed, the mailbox off, bare
+#                                           # op, out of the graph (no cProfile; the likeliest first);
 #                                           # each compared with its round's plugin-free engine
 #   bash benchmarks/h200.sh pair   OUTDIR   # two GPUs: TP=2 and PP=2 servers with runtime registration
 #                                           # (tests/test_e2e_parallel.py as deployed: bf16, graphs on)
@@ -158,7 +158,7 @@ forward() {  # forward [ROUND...]: engines one after another, alone on the GPU (
     case $round in
       1) kinds="free armed28 graph bare_op no_mailbox" ;;
       2) kinds="free armed28" ;;
-      3) kinds="free graph bare_op no_mailbox armed28" ;;
+      3) kinds="free armed28 no_mailbox bare_op graph" ;;
       *) echo "forward rounds are 1, 2 or 3" >&2; return 2 ;;
     esac
     for kind in $kinds; do
