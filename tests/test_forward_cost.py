@@ -161,14 +161,14 @@ def test_host_state_sees_inside_the_forward_what_is_not_there_after_it(monkeypat
     original = JITFunction.run
     seen, undo = host_state.in_forward()
     assert seen == {}
-    profiler = lambda *a: None  # noqa: E731
+    prior, profiler = sys.getprofile(), lambda *a: None  # noqa: E731
     sys.setprofile(profiler)
     try:
         assert JITFunction().run(1) == "launched"
     finally:
-        sys.setprofile(None)
+        sys.setprofile(prior)  # whatever profiles this test run, put back
     JITFunction().run(2)  # later launches change nothing
     undo()
     assert seen["profile"] == repr(profiler) and "MainThread" in seen["threads"]
-    assert host_state.snapshot()["profile"] == "None"
+    assert host_state.snapshot()["profile"] == repr(prior)
     assert JITFunction.run is original
