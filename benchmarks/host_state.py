@@ -3,8 +3,9 @@
 Why: with hotwire's layers armed, plain host code (a Triton launch's Python, small torch calls)
 runs slower inside the forward than the same code timed in a loop after the load
 (``docs/performance.md``, "Session 25"). Things that tax every frame or every call only while
-they are active would do that: a trace or profile function, Dynamo's frame callback, a torch
-function or dispatch mode, another thread taking the GIL; or more distinct compiled code to run
+they are active would do that: a trace or profile function, a ``sys.monitoring`` tool, Dynamo's
+frame callback, a torch function or dispatch mode, another thread taking the GIL; or more
+distinct compiled code to run
 (vLLM's compilation counters). Garbage collections are timed by ``bench_site/step_phases.py``:
 level with and without the plugin.
 
@@ -33,6 +34,9 @@ def snapshot() -> dict[str, Any]:
         "gc_counts": list(gc.get_count()), "gc_thresholds": list(gc.get_threshold()),
         "gc_tracked": len(gc.get_objects()), "gc_frozen": gc.get_freeze_count(),
     }
+    monitoring = getattr(sys, "monitoring", None)  # Python 3.12+: tools that tax events while registered
+    if monitoring is not None:
+        state["monitoring_tools"] = {i: monitoring.get_tool(i) for i in range(6) if monitoring.get_tool(i)}
     try:
         from torch._C._dynamo.eval_frame import get_eval_frame_callback
 

@@ -84,6 +84,13 @@ print(len(calls), [str(n.target) for n in traced.graph.nodes if n.op == "call_fu
     assert _armed_layer(check, "bare_op") == "0 hotwire_bench.touch_.default"
 
 
+def test_op_off_salts_the_compile_cache_key():
+    """A setting that traces other code must not load the graph a deployed engine cached."""
+    check = "from hotwire.engine_plugin import salts; print(salts.compile_salt(None).split(';')[-1])"
+    assert _armed_layer(check, "graph") == "bench_op_off=graph"
+    assert _armed_layer(check).startswith("max_seqs=")
+
+
 def test_without_op_off_the_same_layer_calls_the_op():
     """The two checks above can fail: unpatched, the tables' forward calls the op."""
     assert _armed_layer("t(x, None, torch.arange(3), t.layer(0)); print(len(calls))") == "1"

@@ -19,15 +19,20 @@ set ``BENCH_OP_OFF`` (``server_kinds.py``: ``hotwire_host_only``, ``hotwire_grap
   (``hotwire_bench::touch_(Tensor(a!) x)``, which does nothing): an op node where hotwire's is,
   without the tables, the positions and the routing as its inputs. Beside ``graph`` and
   ``hotwire``: whether the op node itself or what flows into it costs.
+
+Each setting salts vLLM's compile-cache key (``salts.compile_salt``): ``graph`` and ``bare_op``
+trace other code than hotwire's, which a cache entry written by a deployed engine would replace.
 """
 
 import os
 
 import torch
 
-from hotwire.engine_plugin import engine, idle_graphs, steer_op, steering
+from hotwire.engine_plugin import engine, idle_graphs, salts, steer_op, steering
 
 where = os.environ.get("BENCH_OP_OFF")
+_salt = salts.compile_salt
+salts.compile_salt = lambda vllm_config: f"{_salt(vllm_config)};bench_op_off={where}"
 if where == "all":
     _select = idle_graphs.select
     idle_graphs.select = lambda idle: _select(True)
