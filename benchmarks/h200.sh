@@ -36,8 +36,8 @@
 #                                           # graph, a bare op in its place, the mailbox off; 2 = plugin-free,
 #                                           # all armed; 3 = plugin-free, all armed, the mailbox off, bare
 #                                           # op, out of the graph (no cProfile; the likeliest first);
-#                                           # 4 = plugin-free, one graph set (HOTWIRE_IDLE_GRAPHS=0), out
-#                                           # of the graph, bare op, all armed;
+#                                           # 4 = plugin-free, out of the graph, bare op, the tables
+#                                           # without the wrapped forward, all armed;
 #                                           # each compared with its round's plugin-free engine
 #   bash benchmarks/h200.sh pair   OUTDIR   # two GPUs: TP=2 and PP=2 servers with runtime registration
 #                                           # (tests/test_e2e_parallel.py as deployed: bf16, graphs on)
@@ -161,16 +161,15 @@ forward() {  # forward [ROUND...]: engines one after another, alone on the GPU (
       1) kinds="free armed28 graph bare_op no_mailbox" ;;
       2) kinds="free armed28" ;;
       3) kinds="free armed28 no_mailbox bare_op graph" ;;
-      4) kinds="free one_graph_set graph bare_op armed28" ;;
+      4) kinds="free graph bare_op unwrapped armed28" ;;
       *) echo "forward rounds are 1, 2, 3 or 4" >&2; return 2 ;;
     esac
     for kind in $kinds; do
       flag=--plugin envs=() prof=()
       case $kind in
         free) flag="" ;;
-        graph|bare_op) envs=(BENCH_OP_OFF=$kind) ;;
+        graph|bare_op|unwrapped) envs=(BENCH_OP_OFF=$kind) ;;
         no_mailbox) envs=(HOTWIRE_MAILBOX=off) ;;
-        one_graph_set) envs=(HOTWIRE_IDLE_GRAPHS=0) ;;
       esac
       [ "$round" = 1 ] && { [ $kind = free ] || [ $kind = armed28 ]; } && prof=(--cprofile 128)
       name=fc-$kind-$round

@@ -84,6 +84,20 @@ print(len(calls), [str(n.target) for n in traced.graph.nodes if n.op == "call_fu
     assert _armed_layer(check, "bare_op") == "0 hotwire_bench.touch_.default"
 
 
+def test_op_off_unwrapped_arms_the_tables_but_keeps_the_layers_forward():
+    check = """
+from hotwire.engine_plugin import engine
+class ToyDecoderLayer(torch.nn.Module):
+    def forward(self, positions, hidden):
+        return hidden
+layer = ToyDecoderLayer()
+engine.arm({0: layer}, [0], t)
+print(type(layer).__name__, layer.hotwire is t, layer.hotwire_route.shape == t.layer(0).shape)
+"""
+    assert _armed_layer(check, "unwrapped") == "ToyDecoderLayer True True"
+    assert _armed_layer(check) == "SteeredToyDecoderLayer True True"  # the check can fail
+
+
 def test_op_off_salts_the_compile_cache_key():
     """A setting that traces other code must not load the graph a deployed engine cached."""
     check = "from hotwire.engine_plugin import salts; print(salts.compile_salt(None).split(';')[-1])"

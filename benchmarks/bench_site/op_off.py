@@ -19,6 +19,9 @@ set ``BENCH_OP_OFF`` (``server_kinds.py``: ``hotwire_host_only``, ``hotwire_grap
   (``hotwire_bench::touch_(Tensor(a!) x)``, which does nothing): an op node where hotwire's is,
   without the tables, the positions and the routing as its inputs. Beside ``graph`` and
   ``hotwire``: whether the op node itself or what flows into it costs.
+* ``unwrapped``: the layers get the tables as before (a child module, their route slice as a
+  buffer), but keep their own class, so their forward is vLLM's. Beside ``graph``: whether
+  the wrapped forward or the tables the layers hold cost.
 
 Each setting salts vLLM's compile-cache key (``salts.compile_salt``): ``graph`` and ``bare_op``
 trace other code than hotwire's, which a cache entry written by a deployed engine would replace.
@@ -50,6 +53,16 @@ elif where == "bare_op":
         return x
 
     steering.SteeringTables.forward = _touched
+elif where == "unwrapped":
+    _arm = engine.arm
+
+    def _arm_unwrapped(found, armed, tables, projecting=frozenset()):
+        armed_model = _arm(found, armed, tables, projecting)
+        for i in armed:
+            found[i].__class__ = type(found[i]).__mro__[1]
+        return armed_model
+
+    engine.arm = _arm_unwrapped
 elif where == "dispatch":
     steer_op.steer_._op = steer_op.steer_._op.__wrapped__
 elif where == "eager":
