@@ -45,25 +45,12 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import statistics
 import sys
 import tempfile
-import time
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
 PROMPT_LEN, MAX_TOKENS = 128, 128  # as serve_throughput.py's load
-
-
-def _per_call_us(fn, repeat: int, inner: int = 100) -> float:
-    """Median over ``repeat`` timings of ``inner`` calls of ``fn``, in µs per call."""
-    times = []
-    for _ in range(repeat):
-        t = time.perf_counter_ns()
-        for _ in range(inner):
-            fn()
-        times.append((time.perf_counter_ns() - t) / inner / 1e3)
-    return round(statistics.median(times), 3)
 
 
 def _triton_add(x):
@@ -224,7 +211,9 @@ def measure(args) -> dict:
     last = step_phases.snapshot()
     timers = _launch_timers() if cuda else None
     if timers is not None:  # on a load of its own: the timed one above stays as deployed
-        in_forward, undo = host_state.in_forward()
+        in_forward, undo = host_state.in_forward("kernel_unified_attention", {
+            "python_lines": _python_lines, "current_device": torch.cuda.current_device,
+            "alloc_free": lambda: torch.empty(4096, device="cuda")})
         _load(llm, args.max_seqs, vocab, seed=5)
         timers.on = False
         undo()
@@ -248,12 +237,12 @@ def measure(args) -> dict:
         for name, fn in (("elementwise_launch", lambda: x.add_(1.0)),
                          ("alloc_free", lambda: torch.empty(4096, device=device))):
             sync()
-            timings[name] = _per_call_us(fn, args.repeat)
+            timings[name] = host_state.per_call_us(fn, args.repeat)
             sync()
         if cuda:
-            timings["current_device"] = _per_call_us(torch.cuda.current_device, args.repeat)
-            timings["triton_launch"] = _per_call_us(_triton_add(x), args.repeat)
-        timings["python_lines"] = _per_call_us(_python_lines, args.repeat)
+            timings["current_device"] = host_state.per_call_us(torch.cuda.current_device, args.repeat)
+            timings["triton_launch"] = host_state.per_call_us(_triton_add(x), args.repeat)
+        timings["python_lines"] = host_state.per_call_us(_python_lines, args.repeat)
     result["us_per_call"] = timings
     return result
 

@@ -10,14 +10,18 @@ distinct compiled code to run
 level with and without the plugin.
 
 * :func:`snapshot` — that state, as JSON;
-* :func:`in_forward` — the same state seen from inside the forward, at its first Triton launch.
+* :func:`in_forward` — the same state seen from inside the forward, at a Triton launch there, with
+  small probes timed on the spot.
 """
 
 from __future__ import annotations
 
 import gc
+import statistics
 import sys
 import threading
+import time
+from collections.abc import Callable
 from typing import Any
 
 
@@ -49,18 +53,35 @@ def snapshot() -> dict[str, Any]:
     return state
 
 
-def in_forward() -> tuple[dict[str, Any], Any]:
-    """``(seen, undo)``: ``seen`` fills with :func:`snapshot` at the next Triton launch (inside a
-    forward when an engine runs next); ``undo()`` removes the probe."""
+def in_forward(kernel: str | None = None, probes: dict[str, Callable[[], Any]] | None = None,
+               repeat: int = 50, inner: int = 100) -> tuple[dict[str, Any], Any]:
+    """``(seen, undo)``: ``seen`` fills with :func:`snapshot` at the next Triton launch (of
+    ``kernel`` only, when named: vLLM's attention kernel is launched inside the model's forward,
+    where the first launch of a step is not), and with ``us_per_call``: each of ``probes`` timed
+    right there (median over ``repeat`` timings of ``inner`` calls, µs a call), to set beside the
+    same probes timed after the load. ``undo()`` removes the probe."""
     from triton.runtime.jit import JITFunction
 
     seen: dict[str, Any] = {}
     run = JITFunction.run
 
     def probed(self, *args, **kwargs):
-        if not seen:
-            seen.update(snapshot())
+        name = getattr(self, "__name__", None) or getattr(getattr(self, "fn", None), "__name__", None)
+        if not seen and (kernel is None or name == kernel):
+            seen.update(snapshot(), kernel=name)
+            seen["us_per_call"] = {k: per_call_us(fn, repeat, inner) for k, fn in (probes or {}).items()}
         return run(self, *args, **kwargs)
 
     JITFunction.run = probed
     return seen, lambda: setattr(JITFunction, "run", run)
+
+
+def per_call_us(fn: Callable[[], Any], repeat: int, inner: int = 100) -> float:
+    """Median over ``repeat`` timings of ``inner`` calls of ``fn``, in µs per call."""
+    times = []
+    for _ in range(repeat):
+        t = time.perf_counter_ns()
+        for _ in range(inner):
+            fn()
+        times.append((time.perf_counter_ns() - t) / inner / 1e3)
+    return round(statistics.median(times), 3)

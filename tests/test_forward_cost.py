@@ -110,6 +110,30 @@ def test_without_op_off_the_same_layer_calls_the_op():
     assert _armed_layer("t(x, None, torch.arange(3), t.layer(0)); print(len(calls))") == "1"
 
 
+def test_host_state_waits_for_the_named_kernel_and_times_its_probes_there(monkeypatch):
+    import types
+
+    import host_state
+
+    class JITFunction:
+        def __init__(self, name):
+            self.__name__ = name
+
+        def run(self, *args, **kwargs):
+            return "launched"
+
+    jit = types.ModuleType("triton.runtime.jit")
+    jit.JITFunction = JITFunction
+    monkeypatch.setitem(sys.modules, "triton.runtime.jit", jit)
+    calls = []
+    seen, undo = host_state.in_forward("attention", {"probe": lambda: calls.append(1)}, repeat=3, inner=2)
+    JITFunction("prepare").run()
+    assert seen == {} and calls == []  # not the named kernel
+    JITFunction("attention").run()
+    undo()
+    assert seen["kernel"] == "attention" and len(calls) == 6 and seen["us_per_call"]["probe"] >= 0
+
+
 def test_triton_launch_timers_report_per_call_and_keep_the_last_tensors():
     import torch
     from triton_launches import Timers
@@ -191,5 +215,6 @@ def test_host_state_sees_inside_the_forward_what_is_not_there_after_it(monkeypat
     JITFunction().run(2)  # later launches change nothing
     undo()
     assert seen["profile"] == repr(profiler) and "MainThread" in seen["threads"]
+    assert seen["us_per_call"] == {}
     assert host_state.snapshot()["profile"] == repr(prior)
     assert JITFunction.run is original
