@@ -37,7 +37,8 @@
 #                                           # all armed; 3 = plugin-free, all armed, the mailbox off, bare
 #                                           # op, out of the graph (no cProfile; the likeliest first);
 #                                           # 4 = plugin-free, out of the graph, bare op, the tables
-#                                           # without the wrapped forward, all armed;
+#                                           # without the wrapped forward, all armed; 5 = plugin-free,
+#                                           # the op doing nothing, the op never launching, all armed;
 #                                           # each compared with its round's plugin-free engine
 #   bash benchmarks/h200.sh pair   OUTDIR   # two GPUs: TP=2 and PP=2 servers with runtime registration
 #                                           # (tests/test_e2e_parallel.py as deployed: bf16, graphs on)
@@ -162,13 +163,14 @@ forward() {  # forward [ROUND...]: engines one after another, alone on the GPU (
       2) kinds="free armed28" ;;
       3) kinds="free armed28 no_mailbox bare_op graph" ;;
       4) kinds="free graph bare_op unwrapped armed28" ;;
-      *) echo "forward rounds are 1, 2, 3 or 4" >&2; return 2 ;;
+      5) kinds="free noop_impl no_launch armed28" ;;
+      *) echo "forward rounds are 1 to 5" >&2; return 2 ;;
     esac
     for kind in $kinds; do
       flag=--plugin envs=() prof=()
       case $kind in
         free) flag="" ;;
-        graph|bare_op|unwrapped) envs=(BENCH_OP_OFF=$kind) ;;
+        graph|bare_op|unwrapped|noop_impl|no_launch) envs=(BENCH_OP_OFF=$kind) ;;
         no_mailbox) envs=(HOTWIRE_MAILBOX=off) ;;
       esac
       [ "$round" = 1 ] && { [ $kind = free ] || [ $kind = armed28 ]; } && prof=(--cprofile 128)

@@ -98,6 +98,27 @@ print(type(layer).__name__, layer.hotwire is t, layer.hotwire_route.shape == t.l
     assert _armed_layer(check) == "SteeredToyDecoderLayer True True"  # the check can fail
 
 
+_STEER_ONE = """
+from hotwire.engine_plugin import steer_op
+t.bank[1] = 1.0
+t.route[1, 0, 0] = torch.tensor([1, 0, 100, 0, torch.tensor(2.0).view(torch.int32).item(), 0, 0, 0])
+t.tok_row[:3] = 1
+x = torch.zeros(3, 4)
+steer_op.steer_(x, None, torch.arange(3), t.bank, t.layer(0), t.tok_row)
+print(x.sum().item())
+"""
+
+
+def test_op_off_noop_impl_keeps_the_op_but_its_kernels_do_nothing():
+    assert _armed_layer(_STEER_ONE, "noop_impl") == "0.0"
+    assert _armed_layer(_STEER_ONE) == "24.0"  # as deployed: three tokens, 2.0 on each of four columns
+
+
+def test_op_off_no_launch_never_launches_the_triton_kernel():
+    check = "from hotwire.engine_plugin import steer_triton; print(steer_triton.launch(None, None, None, None, None, None))"
+    assert _armed_layer(check, "no_launch") == "None"
+
+
 def test_op_off_salts_the_compile_cache_key():
     """A setting that traces other code must not load the graph a deployed engine cached."""
     check = "from hotwire.engine_plugin import salts; print(salts.compile_salt(None).split(';')[-1])"

@@ -19,6 +19,12 @@ set ``BENCH_OP_OFF`` (``server_kinds.py``: ``hotwire_host_only``, ``hotwire_grap
   (``hotwire_bench::touch_(Tensor(a!) x)``, which does nothing): an op node where hotwire's is,
   without the tables, the positions and the routing as its inputs. Beside ``graph`` and
   ``hotwire``: whether the op node itself or what flows into it costs.
+* ``noop_impl``: hotwire's op in the graph with all its inputs, but every call returns at once,
+  while vLLM captures graphs too (no Triton kernel is ever compiled or captured). Beside
+  ``bare_op``: whether the op's inputs cost.
+* ``no_launch``: hotwire's op as deployed, deciding per call whether to steer, but its Triton
+  kernel is never launched, not even while vLLM captures graphs. Beside ``noop_impl`` and
+  ``hotwire``: whether the op's Python or its kernel in the captured graphs costs.
 * ``unwrapped``: the layers get the tables as before (a child module, their route slice as a
   buffer), but keep their own class, so their forward is vLLM's. Beside ``graph``: whether
   the wrapped forward or the tables the layers hold cost.
@@ -53,6 +59,12 @@ elif where == "bare_op":
         return x
 
     steering.SteeringTables.forward = _touched
+elif where == "noop_impl":
+    steer_op._runs = lambda bank, route: (False, None)
+elif where == "no_launch":
+    from hotwire.engine_plugin import steer_triton
+
+    steer_triton.launch = lambda *args, **kwargs: None
 elif where == "unwrapped":
     _arm = engine.arm
 
