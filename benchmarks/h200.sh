@@ -38,7 +38,8 @@
 #                                           # op, out of the graph (no cProfile; the likeliest first);
 #                                           # 4 = plugin-free, out of the graph, bare op, the tables
 #                                           # without the wrapped forward, all armed; 5 = plugin-free,
-#                                           # the op doing nothing, all armed, the op never launching;
+#                                           # the op doing nothing, all armed; 6 = plugin-free, the op
+#                                           # never launching, all armed;
 #                                           # each compared with its round's plugin-free engine
 #   bash benchmarks/h200.sh pair   OUTDIR   # two GPUs: TP=2 and PP=2 servers with runtime registration
 #                                           # (tests/test_e2e_parallel.py as deployed: bf16, graphs on)
@@ -163,8 +164,9 @@ forward() {  # forward [ROUND...]: engines one after another, alone on the GPU (
       2) kinds="free armed28" ;;
       3) kinds="free armed28 no_mailbox bare_op graph" ;;
       4) kinds="free graph bare_op unwrapped armed28" ;;
-      5) kinds="free noop_impl armed28 no_launch" ;;
-      *) echo "forward rounds are 1 to 5" >&2; return 2 ;;
+      5) kinds="free noop_impl armed28" ;;
+      6) kinds="free no_launch armed28" ;;
+      *) echo "forward rounds are 1 to 6" >&2; return 2 ;;
     esac
     for kind in $kinds; do
       flag=--plugin envs=() prof=()
