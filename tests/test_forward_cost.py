@@ -84,6 +84,16 @@ print(len(calls), [str(n.target) for n in traced.graph.nodes if n.op == "call_fu
     assert _armed_layer(check, "bare_op") == "0 hotwire_bench.touch_.default"
 
 
+def test_op_off_bare_route_gives_the_bare_op_the_layers_route_view():
+    check = """
+traced = torch.fx.experimental.proxy_tensor.make_fx(lambda x, r: t(x, None, torch.arange(3), r))(x, t.layer(0))
+touch = [n for n in traced.graph.nodes if n.op == "call_function"][-1]
+print(touch.target, [getattr(a, "name", a) for a in touch.args])
+"""
+    assert _armed_layer(check, "bare_route") == "hotwire_bench.touch_.default ['x_1', 'r_1']"
+    assert _armed_layer(check, "bare_op") == "hotwire_bench.touch_.default ['x_1', None]"  # the check can fail
+
+
 def test_op_off_unwrapped_arms_the_tables_but_keeps_the_layers_forward():
     check = """
 from hotwire.engine_plugin import engine

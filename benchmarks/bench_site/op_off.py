@@ -19,6 +19,9 @@ set ``BENCH_OP_OFF`` (``server_kinds.py``: ``hotwire_host_only``, ``hotwire_grap
   (``hotwire_bench::touch_(Tensor(a!) x)``, which does nothing): an op node where hotwire's is,
   without the tables, the positions and the routing as its inputs. Beside ``graph`` and
   ``hotwire``: whether the op node itself or what flows into it costs.
+* ``bare_route``, ``bare_bank``, ``bare_tok_row``, ``bare_positions``: the bare op given one of
+  hotwire's op's inputs as well (the layer's route view, the bank, the token map, the positions).
+  Beside ``bare_op`` and ``noop_impl``: which input costs.
 * ``noop_impl``: hotwire's op in the graph with all its inputs, but every call returns at once,
   while vLLM captures graphs too (no Triton kernel is ever compiled or captured). Beside
   ``bare_op``: whether the op's inputs cost.
@@ -40,6 +43,9 @@ import torch
 from hotwire.engine_plugin import engine, idle_graphs, salts, steer_op, steering
 
 where = os.environ.get("BENCH_OP_OFF")
+# the bare op's second input: none, or one of hotwire's op's inputs
+_BARE = {"bare_op": None, "bare_route": "route", "bare_bank": "bank", "bare_tok_row": "tok_row",
+         "bare_positions": "positions"}
 _salt = salts.compile_salt
 salts.compile_salt = lambda vllm_config: f"{_salt(vllm_config)};bench_op_off={where}"
 if where == "all":
@@ -47,15 +53,20 @@ if where == "all":
     idle_graphs.select = lambda idle: _select(True)
 elif where == "graph":
     steering.SteeringTables.forward = lambda self, x, residual, positions, route: x
-elif where == "bare_op":
+elif where in _BARE:
     _LIB = torch.library.Library("hotwire_bench", "DEF")  # kept: the op lives as long as its library
-    _LIB.define("touch_(Tensor(a!) x) -> ()")
-    _LIB.impl("touch_", lambda x: None, "CompositeExplicitAutograd")
-    torch.library.register_fake("hotwire_bench::touch_")(lambda x: None)
+    _LIB.define("touch_(Tensor(a!) x, Tensor? y) -> ()")
+    _LIB.impl("touch_", lambda x, y: None, "CompositeExplicitAutograd")
+    torch.library.register_fake("hotwire_bench::touch_")(lambda x, y: None)
     _touch = torch.ops.hotwire_bench.touch_.default
 
     def _touched(self, x, residual, positions, route):
-        _touch(x)
+        extra = _BARE[where]
+        if extra == "positions":
+            y = (positions if positions.dim() == 1 else positions[0])[: x.shape[0]]
+        else:
+            y = {"route": route, "bank": self.bank, "tok_row": self.tok_row}.get(extra)
+        _touch(x, y)
         return x
 
     steering.SteeringTables.forward = _touched
