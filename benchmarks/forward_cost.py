@@ -211,8 +211,12 @@ def measure(args) -> dict:
     last = step_phases.snapshot()
     timers = _launch_timers() if cuda else None
     if timers is not None:  # on a load of its own: the timed one above stays as deployed
+        # torch.cuda.current_device (Triton asks for it at every launch) is its Python (a lazy-init
+        # check) and a C call: timed together and apart
         in_forward, undo = host_state.in_forward("kernel_unified_attention", {
             "python_lines": _python_lines, "current_device": torch.cuda.current_device,
+            "lazy_init": torch.cuda._lazy_init, "cuda_get_device": torch._C._cuda_getDevice,
+            "current_raw_stream": lambda: torch._C._cuda_getCurrentRawStream(0),
             "alloc_free": lambda: torch.empty(4096, device="cuda")})
         _load(llm, args.max_seqs, vocab, seed=5)
         timers.on = False
