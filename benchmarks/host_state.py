@@ -5,9 +5,8 @@ runs slower inside the forward than the same code timed in a loop after the load
 (``docs/performance.md``, "Session 25"). Things that tax every frame or every call only while
 they are active would do that: a trace or profile function, a ``sys.monitoring`` tool, Dynamo's
 frame callback, a torch function or dispatch mode, another thread taking the GIL; or more
-distinct compiled code to run
-(vLLM's compilation counters). Garbage collections are timed by ``bench_site/step_phases.py``:
-level with and without the plugin.
+distinct compiled code to run (vLLM's compilation counters). Garbage collections are timed by
+``bench_site/step_phases.py``: level with and without the plugin.
 
 * :func:`snapshot` — that state, as JSON;
 * :func:`in_forward` — the same state seen from inside the forward, at a Triton launch there, with

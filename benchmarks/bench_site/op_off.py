@@ -32,8 +32,9 @@ set ``BENCH_OP_OFF`` (``server_kinds.py``: ``hotwire_host_only``, ``hotwire_grap
   buffer), but keep their own class, so their forward is vLLM's. Beside ``graph``: whether
   the wrapped forward or the tables the layers hold cost.
 
-Each setting salts vLLM's compile-cache key (``salts.compile_salt``): ``graph`` and ``bare_op``
-trace other code than hotwire's, which a cache entry written by a deployed engine would replace.
+Each setting salts vLLM's compile-cache key (``salts.compile_salt``): ``graph``, ``unwrapped`` and
+the bare ops trace other code than hotwire's, which a cache entry written by a deployed engine
+would otherwise replace (session 27's first call measured two such engines as the armed one).
 """
 
 import os
