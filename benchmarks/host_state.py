@@ -39,7 +39,7 @@ def snapshot() -> dict[str, Any]:
     }
     monitoring = getattr(sys, "monitoring", None)  # Python 3.12+: tools that tax events while registered
     if monitoring is not None:
-        state["monitoring_tools"] = {i: monitoring.get_tool(i) for i in range(6) if monitoring.get_tool(i)}
+        state["monitoring_tools"] = {i: tool for i in range(6) if (tool := monitoring.get_tool(i))}
     try:
         from torch._C._dynamo.eval_frame import get_eval_frame_callback
 
@@ -60,14 +60,14 @@ def in_forward(kernel: str | None = None, probes: dict[str, Callable[[], Any]] |
     right there (median over ``repeat`` timings of ``inner`` calls, µs a call), to set beside the
     same probes timed after the load. ``undo()`` removes the probe."""
     from triton.runtime.jit import JITFunction
+    from triton_launches import kernel_name
 
     seen: dict[str, Any] = {}
     run = JITFunction.run
 
     def probed(self, *args, **kwargs):
-        name = getattr(self, "__name__", None) or getattr(getattr(self, "fn", None), "__name__", None)
-        if not seen and (kernel is None or name == kernel):
-            seen.update(snapshot(), kernel=name)
+        if not seen and (kernel is None or kernel_name(self) == kernel):
+            seen.update(snapshot(), kernel=kernel_name(self))
             seen["us_per_call"] = {k: per_call_us(fn, repeat, inner) for k, fn in (probes or {}).items()}
         return run(self, *args, **kwargs)
 

@@ -47,6 +47,11 @@ class Timers:
         return {f"{k}:{a}": t for k in top for a, t in self.last_args.get(k, {}).items()}
 
 
+def kernel_name(jit: Any) -> str:
+    """A ``JITFunction``'s kernel name (its function's, where it has none of its own)."""
+    return getattr(jit, "__name__", None) or getattr(getattr(jit, "fn", None), "__name__", "?")
+
+
 def install() -> Timers:
     """Wrap Triton's ``JITFunction.run`` and the active driver's launcher class (every kernel's
     launcher, made before or after). Raises where this Triton lays them out otherwise."""
@@ -60,7 +65,7 @@ def install() -> Timers:
     def timed_run(self, *args, **kwargs):
         if not timers.on:
             return run(self, *args, **kwargs)
-        name = getattr(self, "__name__", None) or getattr(getattr(self, "fn", None), "__name__", "?")
+        name = kernel_name(self)
         outer, timers.kernel = timers.kernel, name
         names = getattr(self, "arg_names", None) or [str(i) for i in range(len(args))]
         timers.last_args[name] = {a: v for a, v in [*zip(names, args), *kwargs.items()] if hasattr(v, "data_ptr")}

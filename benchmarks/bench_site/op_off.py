@@ -16,9 +16,9 @@ set ``BENCH_OP_OFF`` (``server_kinds.py``: ``hotwire_host_only``, ``hotwire_grap
   never calls the op, so the compiled graph has none. Beside ``hotwire``: what the op's place in
   the compiled graph costs, launches or not.
 * ``bare_op``: as ``graph``, but the forward calls a bare in-place op on the layer's output
-  (``hotwire_bench::touch_(Tensor(a!) x)``, which does nothing): an op node where hotwire's is,
-  without the tables, the positions and the routing as its inputs. Beside ``graph`` and
-  ``hotwire``: whether the op node itself or what flows into it costs.
+  (``hotwire_bench::touch_(Tensor(a!) x, Tensor? y)``, given no ``y``, which does nothing): an op
+  node where hotwire's is, without the tables, the positions and the routing as its inputs.
+  Beside ``graph`` and ``hotwire``: whether the op node itself or what flows into it costs.
 * ``bare_route``, ``bare_bank``, ``bare_tok_row``, ``bare_positions``: the bare op given one of
   hotwire's op's inputs as well (the layer's route view, the bank, the token map, the positions).
   Beside ``bare_op`` and ``noop_impl``: which input costs.
