@@ -75,6 +75,19 @@ def _python_lines() -> int:
     return total
 
 
+def _python_calls() -> int:
+    """Three nested calls of plain Python functions: what a frame costs to enter."""
+    return _call_a(1)
+
+
+def _call_a(x: int) -> int:
+    return _call_b(x) + 1
+
+
+def _call_b(x: int) -> int:
+    return x * 2
+
+
 def _prompts(n: int, vocab: int, length: int, seed: int) -> list[dict]:
     import numpy as np
 
@@ -212,10 +225,13 @@ def measure(args) -> dict:
     timers = _launch_timers() if cuda else None
     if timers is not None:  # on a load of its own: the timed one above stays as deployed
         # torch.cuda.current_device (Triton asks for it at every launch) is its Python (a lazy-init
-        # check) and a C call: timed together and apart
+        # check: two C calls and a thread-local lookup) and a C call: timed together and apart
         in_forward, undo = host_state.in_forward("kernel_unified_attention", {
             "python_lines": _python_lines, "current_device": torch.cuda.current_device,
             "lazy_init": torch.cuda._lazy_init, "cuda_get_device": torch._C._cuda_getDevice,
+            "is_initialized": torch.cuda.is_initialized, "in_bad_fork": torch._C._cuda_isInBadFork,
+            "tls_hasattr": lambda: hasattr(torch.cuda._tls, "is_initializing"),
+            "python_calls": _python_calls,
             "current_raw_stream": lambda: torch._C._cuda_getCurrentRawStream(0),
             "alloc_free": lambda: torch.empty(4096, device="cuda")})
         _load(llm, args.max_seqs, vocab, seed=5)

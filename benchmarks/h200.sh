@@ -36,12 +36,9 @@
 #                                           # graph, a bare op in its place, the mailbox off; 2 = plugin-free,
 #                                           # all armed; 3 = plugin-free, all armed, the mailbox off, bare
 #                                           # op, out of the graph (no cProfile; the likeliest first);
-#                                           # 4 = plugin-free, out of the graph, bare op, the tables
-#                                           # without the wrapped forward, all armed; 5 = plugin-free,
-#                                           # the op doing nothing, all armed; 6 = plugin-free, the op
-#                                           # never launching, all armed; 7 = plugin-free, the bare op
-#                                           # given one of the op's inputs (route view, bank, token
-#                                           # map, positions);
+#                                           # 4 = plugin-free, out of the graph, bare op, all armed;
+#                                           # 5 = plugin-free, the op doing nothing, all armed; 6 =
+#                                           # plugin-free, the op never launching, all armed;
 #                                           # each compared with its round's plugin-free engine
 #   bash benchmarks/h200.sh pair   OUTDIR   # two GPUs: TP=2 and PP=2 servers with runtime registration
 #                                           # (tests/test_e2e_parallel.py as deployed: bf16, graphs on)
@@ -165,17 +162,16 @@ forward() {  # forward [ROUND...]: engines one after another, alone on the GPU (
       1) kinds="free armed28 graph bare_op no_mailbox" ;;
       2) kinds="free armed28" ;;
       3) kinds="free armed28 no_mailbox bare_op graph" ;;
-      4) kinds="free graph bare_op unwrapped armed28" ;;
+      4) kinds="free graph bare_op armed28" ;;
       5) kinds="free noop_impl armed28" ;;
       6) kinds="free no_launch armed28" ;;
-      7) kinds="free bare_route bare_bank bare_tok_row bare_positions" ;;
-      *) echo "forward rounds are 1 to 7" >&2; return 2 ;;
+      *) echo "forward rounds are 1 to 6" >&2; return 2 ;;
     esac
     for kind in $kinds; do
       flag=--plugin envs=() prof=()
       case $kind in
         free) flag="" ;;
-        graph|bare_*|unwrapped|noop_impl|no_launch) envs=(BENCH_OP_OFF=$kind) ;;
+        graph|bare_op|noop_impl|no_launch) envs=(BENCH_OP_OFF=$kind) ;;
         no_mailbox) envs=(HOTWIRE_MAILBOX=off) ;;
       esac
       [ "$round" = 1 ] && { [ $kind = free ] || [ $kind = armed28 ]; } && prof=(--cprofile 128)

@@ -38,7 +38,7 @@ from types import SimpleNamespace
 import numpy as np
 import torch
 
-from hotwire.engine_plugin import idle_graphs, salts
+from hotwire.engine_plugin import idle_graphs, salts, steer_op
 from hotwire.engine_plugin.admission import Admission
 from hotwire.engine_plugin.stream_bound import StreamBudget
 from hotwire.engine_plugin.counters import Counters
@@ -134,10 +134,11 @@ def main() -> None:
 
     x = torch.zeros(512, HIDDEN, dtype=torch.bfloat16, device=device)  # a step's layer output
     positions = torch.arange(512, device=device)
-    bank, route, tok_row = tables.bank, tables.layer(0), tables.tok_row  # locals, as in inductor's code
+    anchor = torch.nn.Parameter(torch.ones(HIDDEN, device=device), requires_grad=False)  # a norm's weight
+    steer_op.bind(anchor, tables.layers[0])
 
     def op_call() -> None:
-        steer_(x, None, positions, bank, route, tok_row)
+        steer_(x, None, positions, anchor)
 
     with torch.inference_mode():  # as vLLM's forward runs: the op's call skips the dispatcher there
         idle_graphs.select(True)

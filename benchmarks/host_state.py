@@ -31,6 +31,7 @@ def snapshot() -> dict[str, Any]:
         "trace": repr(sys.gettrace()), "profile": repr(sys.getprofile()),
         "switch_interval_s": sys.getswitchinterval(),
         "threads": sorted(t.name for t in threading.enumerate()),
+        "thread_frames": _thread_frames(),
         "grad_enabled": torch.is_grad_enabled(), "inference_mode": torch.is_inference_mode_enabled(),
         "torch_function_modes": torch._C._len_torch_function_stack(),
         "torch_dispatch_modes": torch._C._len_torch_dispatch_stack(),
@@ -50,6 +51,13 @@ def snapshot() -> dict[str, Any]:
     if counter is not None:  # how many pieces inductor compiled: identical pieces share their code
         state["vllm_compilation"] = {k: v for k, v in vars(counter.compilation_counter).items() if v}
     return state
+
+
+def _thread_frames() -> dict[str, str]:
+    """Where each other thread is: ``file:line function`` of its innermost frame."""
+    names = {t.ident: t.name for t in threading.enumerate()}
+    return {names.get(ident, str(ident)): f"{f.f_code.co_filename}:{f.f_lineno} {f.f_code.co_name}"
+            for ident, f in sys._current_frames().items() if ident != threading.get_ident()}
 
 
 def in_forward(kernel: str | None = None, probes: dict[str, Callable[[], Any]] | None = None,

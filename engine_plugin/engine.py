@@ -30,7 +30,7 @@ from .config import HotwireConfig
 from .counters import Counters, process_counters
 from .gate_report import GateReport
 from .routing import Router
-from .steering import SteeringTables, arm, decoder_layers
+from .steering import SteeringTables, anchors, arm, decoder_layers
 
 log = logging.getLogger("vllm.hotwire")
 
@@ -65,12 +65,19 @@ class Steerer:
                         "*DecoderLayer modules whose forward takes vLLM's positions); serving without steering",
                         type(model).__name__, cfg.layers)
             return None
+        paths = anchors(found, armed)
+        if len(paths) < len(armed):
+            log.warning("hotwire: decoder layers %s have no parameter of their own to anchor the op to; "
+                        "they stay unarmed", [i for i in armed if i not in paths])
+            armed = list(paths)
+            if not armed:
+                return None
         requests = 2 * int(vllm_config.scheduler_config.max_num_seqs)
         max_tokens = int(getattr(runner, "max_num_tokens", vllm_config.scheduler_config.max_num_batched_tokens))
         tables = SteeringTables(slots=cfg.slots, hidden=hidden, armed=len(armed), requests=requests,
                                 entries=cfg.entries, max_tokens=max_tokens, dtype=dtype,
                                 device=torch.device(runner.device))
-        armed_model = arm(found, armed, tables, cfg.projecting_layers(n_layers))
+        armed_model = arm(found, paths, tables, cfg.projecting_layers(n_layers))
         log.info("hotwire: armed %d/%d decoder layers of %s %s; tables %.1f MiB on %s "
                  "(%d slots, %d request rows, %d entries/layer)",
                  len(armed), n_layers, type(model).__name__, armed, tables.nbytes / 2**20, runner.device,

@@ -18,9 +18,10 @@ buffer, which nothing else reads, so no copy appears in the compiled graph.
 
 Contract, for ``x [T, H]`` (the layer's output: one addend of the residual stream; changed in
 place), ``residual [T, H]`` (the other addend, read only; None where the layer returns the stream
-itself), ``positions [T]``, the layer's entries per request row ``route [R+1, K, 8]`` int32 (any
-row stride; an entry's words contiguous, laid out as in :mod:`.interventions`; row 0 null) and
-each token's request row ``tok_row [N>=T]`` int32::
+itself), ``positions [T]`` and ``anchor`` (a tensor of the armed layer's own, bound to its
+:class:`ArmedLayer`: the layer's entries per request row ``route [R+1, K, 8]`` int32, any row
+stride, an entry's words contiguous, laid out as in :mod:`.interventions`, row 0 null; each
+token's request row ``tok_row [N>=T]`` int32; the ``bank``)::
 
     e    = route[tok_row[t], k]                                      (the token's entry k)
     h    = x[t] + residual[t]                                        (float32)
@@ -46,12 +47,21 @@ And in such a step the op returns at once, before any launch, for the layers no 
 step has an entry on (:class:`StepState` ``live``): a step steering 2 layers of 28 launches 2
 kernels.
 
-The op takes the layer's own entries, not the whole tables and a layer index: an index would be
-a constant of the traced graph, making every armed layer's piece of it unique (inductor compiled
-each one: start-up +75 % at 28 layers), and one held in a tensor would be one more dependent load.
-It reads them through ``tok_row``, one dependent load per token, rather than from a per-token copy
-of the rows: a step whose batch changed then uploads only the token map, no gather
-(:mod:`.routing`).
+Why the tables are found through an anchor, not passed. The op's inputs are the compiled
+forward's inputs too, and every one of them is one more slot in the Python frames that run the
+forward (Dynamo's, the split graph's) and stay on the stack under every launch in it. The 28
+route views, the bank and the token map made those frames 31 slots longer, and that was enough
+to move the end of CPython's 16 KiB frame-stack chunk into the frames of vLLM's attention launch:
+every Python call made there crossed into a chunk allocated and freed again on return
+(``torch.cuda.current_device()`` 5.4 against 0.22 µs, the step 20 % longer on an H100;
+``docs/performance.md``, "Session 28"). So the op adds no input: it takes one of the layer's own
+parameters, which the compiled forward takes anyway, as its ``anchor``, and finds the layer's
+tables by the anchor's address (:func:`bind`, :func:`.steering.anchor_path`), as vLLM's attention
+finds its KV cache by the layer's name. A layer index would not do: a constant of the traced graph
+makes every armed layer's piece of it unique (inductor compiled each one: start-up +75 % at 28
+layers). The op reads a token's entries through ``tok_row``, one dependent load per token, rather
+than from a per-token copy of the rows: a step whose batch changed then uploads only the token
+map, no gather (:mod:`.routing`).
 """
 
 from __future__ import annotations
@@ -71,8 +81,8 @@ class GateScratch(NamedTuple):
     """Where gates are recorded: ``gates [N, G]`` int32 (per token of the step: did gate g open),
     ``counts [R+1, G]`` int32 (tokens each gate opened, per request row: the token's ``tok_row``)
     and ``decided [R+1, G]`` int32 (a prompt gate's decision, per request row, held for the rest
-    of the request). The op reaches them through the bank it is
-    given (:class:`StepState`), the way vLLM's attention reaches its KV cache through the forward
+    of the request). The op reaches them through its anchor
+    (:class:`ArmedLayer`), the way vLLM's attention reaches its KV cache through the forward
     context: a probe's write at layer P precedes every read at a layer after it because those
     layers' inputs depend on P's output."""
 
@@ -83,39 +93,58 @@ class GateScratch(NamedTuple):
 
 class StepState:
     """What one engine's op calls need beyond their tensors, for the forward about to run: its gate
-    scratch, and which armed layers may steer at this step (``live``: the data pointers of those
-    layers' route views; the layers the steered requests in flight have entries on, none in a step
-    that steers no token, every layer until the first step is routed, so capture and warm-up
-    passes launch the op everywhere). The router sets ``live`` before each forward; the op finds
-    the state through the bank it is given (one per engine). A bank no state is attached to steers
-    on every layer, without gates."""
+    scratch, and which armed layers may steer at this step (``live``: their positions in the
+    tables; the layers the steered requests in flight have entries on, none in a step that steers
+    no token, every layer until the first step is routed, so capture and warm-up passes launch the
+    op everywhere). The router sets ``live`` before each forward."""
 
-    def __init__(self, scratch: GateScratch, layers: list[torch.Tensor]):
+    def __init__(self, scratch: GateScratch | None, layers: int):
         self.scratch = scratch
-        self._ptrs = [r.data_ptr() for r in layers]
-        self.live = frozenset(self._ptrs)
+        self.live = frozenset(range(layers))
 
     def route_layers(self, positions: Iterable[int]) -> None:
         """The layers (positions in the tables) that may steer at the coming step."""
-        self.live = frozenset(self._ptrs[i] for i in positions)
+        self.live = frozenset(positions)
 
 
-_STATES: "weakref.WeakValueDictionary[int, StepState]" = weakref.WeakValueDictionary()
+class ArmedLayer:
+    """What one armed layer's op calls read: the engine's ``bank`` and ``tok_row``, the layer's own
+    entries ``route`` (its slice of the routing table), its position ``pos`` in the tables and the
+    engine's :class:`StepState` (None: steer on every call, without gates). The op finds it through
+    its anchor (:func:`bind`)."""
+
+    __slots__ = ("bank", "route", "tok_row", "step", "pos", "__weakref__")
+
+    def __init__(self, bank: torch.Tensor, route: torch.Tensor, tok_row: torch.Tensor,
+                 step: StepState | None = None, pos: int = 0):
+        self.bank, self.route, self.tok_row, self.step, self.pos = bank, route, tok_row, step, pos
+
+    @property
+    def scratch(self) -> GateScratch | None:
+        return None if self.step is None else self.step.scratch
 
 
-def attach(bank: torch.Tensor, state: StepState) -> None:
-    """Make ``state`` the step state of the op calls given ``bank``, for as long as it lives."""
-    _STATES[bank.data_ptr()] = state
+_LAYERS: "weakref.WeakValueDictionary[int, ArmedLayer]" = weakref.WeakValueDictionary()
 
 
-def _runs(bank: torch.Tensor, route: torch.Tensor) -> tuple[bool, GateScratch | None]:
-    """Does this call steer anything (not an idle step, the layer live), and its gate scratch."""
+def bind(anchor: torch.Tensor, layer: ArmedLayer) -> None:
+    """Make ``layer`` what the op calls given ``anchor`` read, for as long as ``layer`` lives (its
+    holder keeps it). ``anchor`` is a tensor of the armed layer's own that the compiled forward
+    takes anyway (:func:`.steering.anchor_path`); it is found by its address."""
+    _LAYERS[anchor.data_ptr()] = layer
+
+
+def _steering(anchor: torch.Tensor) -> ArmedLayer | None:
+    """The layer this call steers; None when it steers nothing (an idle step, or a layer no
+    request of the step has an entry on)."""
     if idle_graphs.skipping():
-        return False, None
-    state = _STATES.get(bank.data_ptr())
-    if state is None:
-        return True, None
-    return route.data_ptr() in state.live, state.scratch
+        return None
+    layer = _LAYERS.get(anchor.data_ptr())
+    if layer is None:
+        raise RuntimeError("hotwire::steer_ was given an anchor no armed layer is bound to "
+                           "(steer_op.bind): was this layer armed in this process?")
+    step = layer.step
+    return layer if step is None or layer.pos in step.live else None
 
 
 def reference(x: torch.Tensor, residual: torch.Tensor | None, positions: torch.Tensor, bank: torch.Tensor,
@@ -169,22 +198,21 @@ def reference(x: torch.Tensor, residual: torch.Tensor | None, positions: torch.T
 
 
 _LIB = torch.library.Library("hotwire", "DEF")  # kept: the op lives as long as its library
-_LIB.define("steer_(Tensor(a!) x, Tensor? residual, Tensor positions, Tensor bank, Tensor route, "
-            "Tensor tok_row) -> ()")
+_LIB.define("steer_(Tensor(a!) x, Tensor? residual, Tensor positions, Tensor anchor) -> ()")
 
 
-def _steer_torch(x, residual, positions, bank, route, tok_row) -> None:
-    runs, scratch = _runs(bank, route)
-    if runs:
-        reference(x, residual, positions, bank, route, tok_row, scratch)
+def _steer_torch(x, residual, positions, anchor) -> None:
+    layer = _steering(anchor)
+    if layer is not None:
+        reference(x, residual, positions, layer.bank, layer.route, layer.tok_row, layer.scratch)
 
 
-def _steer_cuda(x, residual, positions, bank, route, tok_row) -> None:
-    runs, scratch = _runs(bank, route)
-    if runs:
+def _steer_cuda(x, residual, positions, anchor) -> None:
+    layer = _steering(anchor)
+    if layer is not None:
         from .steer_triton import launch  # Triton is only needed (and present) where CUDA is
 
-        launch(x, residual, positions, bank, route, tok_row, scratch)
+        launch(x, residual, positions, layer.bank, layer.route, layer.tok_row, layer.scratch)
 
 
 _LIB.impl("steer_", _steer_torch, "CompositeExplicitAutograd")
@@ -192,7 +220,7 @@ _LIB.impl("steer_", _steer_cuda, "CUDA")
 
 
 @torch.library.register_fake("hotwire::steer_")
-def _(x, residual, positions, bank, route, tok_row) -> None:
+def _(x, residual, positions, anchor) -> None:
     return None
 
 
@@ -220,15 +248,15 @@ def _call_past_the_dispatcher(op: torch._ops.OpOverload) -> None:
         profiling, inference = torch._C._autograd._profiler_enabled, torch.is_inference_mode_enabled
     except AttributeError:
         return
-    plain = torch.Tensor
+    plain, anchors = torch.Tensor, (torch.Tensor, torch.nn.Parameter)
 
-    def call(x, residual, positions, bank, route, tok_row):
-        if (type(x) is plain and type(positions) is plain and type(bank) is plain and type(route) is plain
-                and type(tok_row) is plain and (residual is None or type(residual) is plain)
+    def call(x, residual, positions, anchor):
+        if (type(x) is plain and type(positions) is plain and type(anchor) in anchors
+                and (residual is None or type(residual) is plain)
                 and inference() and not modes() and not function_modes() and not profiling()):
-            (_steer_cuda if x.is_cuda else _steer_torch)(x, residual, positions, bank, route, tok_row)
+            (_steer_cuda if x.is_cuda else _steer_torch)(x, residual, positions, anchor)
             return None
-        return dispatched(x, residual, positions, bank, route, tok_row)
+        return dispatched(x, residual, positions, anchor)
 
     call.__wrapped__ = dispatched  # what a benchmark restores to compare (benchmarks/bench_site/op_off.py)
     op._op = call

@@ -14,9 +14,11 @@ CUDA-graph capture; steering on/off and vector changes are content updates betwe
 
 The op reads each token's request row (``tok_row``, uploaded by the router only when the batch
 changes), then that row's entries for its layer in the routing table (``route``, written once per
-request), and it writes only steered tokens: an unsteered token keeps its bits.
-Each armed layer holds a view of its own layer's slice of the routing table as a buffer: a graph
-input, so every armed layer traces to the same graph (a layer index would be a constant in it).
+request), and it writes only steered tokens: an unsteered token keeps its bits. The tables are
+no input of the compiled forward: each armed layer's op call names one of the layer's own
+parameters as its anchor, bound to the layer's slice of the tables (:func:`.steer_op.bind`), so
+the compiled forward takes exactly the inputs it takes without the plugin, and every armed layer
+traces to the same graph.
 """
 
 from __future__ import annotations
@@ -30,12 +32,12 @@ import torch
 from torch import nn
 
 from .interventions import WORDS
-from .steer_op import GateScratch, StepState, attach, steer_
+from .steer_op import ArmedLayer, GateScratch, StepState, bind, steer_
 
 _LAYER_INDEX = re.compile(r"(?:^|\.)layers\.(\d+)$")
 
 
-class SteeringTables(nn.Module):
+class SteeringTables:
     """GPU bank, per-request routing rows and each token's request row, at fixed addresses.
 
     Shapes (S slots, H hidden, A armed layers, R request rows, K entries, N max tokens)::
@@ -55,42 +57,31 @@ class SteeringTables(nn.Module):
     row, and a batch change one copy of the token map into ``tok_row``: no kernel of their own on
     the host path, which a host-bound served engine pays on most steps (:mod:`.routing`). A
     layer's slice (:meth:`layer`) is a strided view; an entry's eight words are 32-byte aligned.
+    ``layers[pos]`` is what armed layer ``pos``'s op calls read (:class:`.steer_op.ArmedLayer`).
     """
 
     def __init__(self, *, slots: int, hidden: int, armed: int, requests: int, entries: int,
                  max_tokens: int, dtype: torch.dtype, device: torch.device):
-        super().__init__()
+        def zeros(*shape: int, dtype: torch.dtype = torch.int32) -> torch.Tensor:
+            return torch.zeros(*shape, dtype=dtype, device=device)
 
-        def buf(name: str, *shape: int, dtype: torch.dtype = torch.int32) -> None:
-            self.register_buffer(name, torch.zeros(*shape, dtype=dtype, device=device), persistent=False)
-
-        buf("bank", slots + 1, hidden, dtype=dtype)
-        buf("route", requests + 1, armed, entries, WORDS)
-        buf("tok_row", max_tokens)
-        buf("gates", max_tokens, entries)
-        buf("gate_counts", requests + 1, entries)
-        buf("gate_decided", requests + 1, entries)
-        self.step = StepState(GateScratch(self.gates, self.gate_counts, self.gate_decided),
-                              [self.layer(pos) for pos in range(armed)])
-        attach(self.bank, self.step)
+        self.bank = zeros(slots + 1, hidden, dtype=dtype)
+        self.route = zeros(requests + 1, armed, entries, WORDS)
+        self.tok_row = zeros(max_tokens)
+        self.gates = zeros(max_tokens, entries)
+        self.gate_counts = zeros(requests + 1, entries)
+        self.gate_decided = zeros(requests + 1, entries)
+        self.step = StepState(GateScratch(self.gates, self.gate_counts, self.gate_decided), armed)
+        self.layers = [ArmedLayer(self.bank, self.layer(pos), self.tok_row, self.step, pos) for pos in range(armed)]
 
     @property
     def nbytes(self) -> int:
-        return sum(b.numel() * b.element_size() for b in self.buffers())
+        return sum(t.numel() * t.element_size() for t in
+                   (self.bank, self.route, self.tok_row, self.gates, self.gate_counts, self.gate_decided))
 
     def layer(self, pos: int) -> torch.Tensor:
         """Armed layer ``pos``'s entries per request row: a view ``[R+1, K, 8]``."""
         return self.route[:, pos]
-
-    def forward(self, x: torch.Tensor, residual: torch.Tensor | None, positions: torch.Tensor,
-                route: torch.Tensor) -> torch.Tensor:
-        # x: [T, H] the layer's output (an addend of the stream), steered in place and returned;
-        # residual: [T, H] the other addend (None: x is the stream); positions: [T] (or [3, T] for
-        # M-RoPE); route: [R+1, K, 8], the layer's slice of the routing table
-        if positions.dim() == 2:
-            positions = positions[0]
-        steer_(x, residual, positions[: x.shape[0]], self.bank, route, self.tok_row)
-        return x
 
 
 @dataclass(frozen=True)
@@ -132,6 +123,29 @@ def _positions_arg(cls: type) -> int | None:
     return None
 
 
+def anchor_path(layer: nn.Module, taken: set[int]) -> tuple[str, ...] | None:
+    """Where the op's anchor is in ``layer`` (:mod:`.steer_op`): the last parameter registered
+    whose address is not in ``taken`` (other armed layers' anchors: a weight shared between layers
+    cannot tell them apart), preferring a plain ``nn.Parameter`` (a subclass with its own torch
+    function sends the call through the dispatcher). In most decoder families the last is a norm's
+    weight read after the attention, already an input of the compiled piece the op is in. None
+    when the layer has no such parameter."""
+    params = [(name, p) for name, p in layer.named_parameters() if p.numel() and p.data_ptr() not in taken]
+    plain = [(name, p) for name, p in params if type(p) in (nn.Parameter, torch.Tensor)]
+    return tuple((plain or params)[-1][0].split(".")) if params else None
+
+
+def steer(layer: nn.Module, x: torch.Tensor, residual: torch.Tensor | None,
+          positions: torch.Tensor) -> torch.Tensor:
+    """Steer ``x``, armed ``layer``'s output, in place and return it."""
+    # x: [T, H] an addend of the stream; residual: [T, H] the other addend (None: x is the
+    # stream); positions: [T] (or [3, T] for M-RoPE)
+    if positions.dim() == 2:
+        positions = positions[0]
+    steer_(x, residual, positions[: x.shape[0]], _walk(layer, layer.hotwire_anchor))
+    return x
+
+
 @functools.cache
 def _steered_class(base: type, reads_stream: bool) -> type:
     """A subclass of ``base`` whose forward steers the residual stream it returns; with
@@ -150,29 +164,44 @@ def _steered_class(base: type, reads_stream: bool) -> type:
             # moved by up to 1e-2 on the GPU at hidden 128; bit-exact at Qwen3 0.6B's width). So
             # only HOTWIRE_PROJECTION_LAYERS read it.
             hidden, residual = out
-            stream = residual if reads_stream else None
-            return self.hotwire(hidden, stream, positions, self.hotwire_route), residual
+            return steer(self, hidden, residual if reads_stream else None, positions), residual
         if isinstance(out, torch.Tensor):
-            return self.hotwire(out, None, positions, self.hotwire_route)
+            return steer(self, out, None, positions)
         raise TypeError(f"{base.__name__} returns {type(out).__name__}; cannot steer it")
 
     name = f"{'Projecting' if reads_stream else 'Steered'}{base.__name__}"
     return type(name, (base,), {"forward": forward, "__module__": __name__})
 
 
-def arm(found: dict[int, nn.Module], armed: list[int], tables: SteeringTables,
-        projecting: frozenset[int] = frozenset()) -> ArmedModel:
-    """Wrap the chosen decoder layers (from :func:`decoder_layers`) in place; those in
-    ``projecting`` read the residual too.
+def anchors(found: dict[int, nn.Module], armed: list[int]) -> dict[int, tuple[str, ...]]:
+    """Each armed layer's anchor (:func:`anchor_path`), for those that have one."""
+    taken: set[int] = set()
+    paths = {}
+    for i in armed:
+        path = anchor_path(found[i], taken)
+        if path is not None:
+            paths[i] = path
+            taken.add(_walk(found[i], path).data_ptr())
+    return paths
 
-    Layer names and parameters are unchanged; the tables become a child of each armed layer,
-    so torch.compile sees them as module buffers (graph inputs at fixed addresses). The layer's
-    own slice of the per-token table is a buffer too (``hotwire_route``, a view), not an index:
-    every armed layer then traces to the same graph, compiled once.
-    """
-    for pos, i in enumerate(armed):
+
+def _walk(layer: nn.Module, path: tuple[str, ...]) -> torch.Tensor:
+    for name in path:
+        layer = getattr(layer, name)
+    return layer
+
+
+def arm(found: dict[int, nn.Module], paths: dict[int, tuple[str, ...]], tables: SteeringTables,
+        projecting: frozenset[int] = frozenset()) -> ArmedModel:
+    """Wrap the layers of ``paths`` (decoder-layer index: its anchor, :func:`anchors`; table
+    order) in place; those in ``projecting`` read the residual too.
+
+    Layer names, parameters and buffers are unchanged: the layer gets its class, its anchor's
+    path (``hotwire_anchor``) and what its anchor is bound to (``hotwire``, so the binding lives
+    as long as the layer: :func:`.steer_op.bind`)."""
+    for pos, (i, path) in enumerate(paths.items()):
         layer = found[i]
-        layer.add_module("hotwire", tables)
-        layer.register_buffer("hotwire_route", tables.layer(pos), persistent=False)
+        layer.hotwire_anchor, layer.hotwire = path, tables.layers[pos]
+        bind(_walk(layer, path), layer.hotwire)
         layer.__class__ = _steered_class(type(layer), i in projecting)
-    return ArmedModel(tables, tuple(armed))
+    return ArmedModel(tables, tuple(paths))

@@ -53,13 +53,21 @@ calls = []
 steering.steer_ = lambda *a: calls.append(a)  # hotwire's op, recorded instead of run
 t = steering.SteeringTables(slots=2, hidden=4, armed=1, requests=2, entries=1, max_tokens=4,
                             dtype=torch.float32, device=torch.device("cpu"))
+class ToyDecoderLayer(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.norm = torch.nn.Parameter(torch.ones(4))
+    def forward(self, positions, hidden):
+        return hidden
+layer = ToyDecoderLayer()
+steering.arm({0: layer}, steering.anchors({0: layer}, [0]), t)
 x = torch.ones(3, 4)
 """
 
 
 def _armed_layer(check: str, op_off: str | None = None) -> str:
-    """Run ``check`` after one armed layer's tables are built (``t``, input ``x``, the op's calls
-    in ``calls``), in a fresh interpreter with ``bench_site/op_off.py`` imported first when
+    """Run ``check`` after one toy layer is armed (``layer``, its tables ``t``, input ``x``, the op's
+    calls in ``calls``), in a fresh interpreter with ``bench_site/op_off.py`` imported first when
     ``op_off`` names a mode; its output."""
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT / "benchmarks" / "bench_site"),
                                                         os.environ.get("PYTHONPATH", "")])}
@@ -73,39 +81,16 @@ def _armed_layer(check: str, op_off: str | None = None) -> str:
 
 
 def test_op_off_graph_keeps_the_op_out_of_an_armed_layers_forward():
-    assert _armed_layer("out = t(x, None, torch.arange(3), t.layer(0)); print(out is x, len(calls))", "graph") == "True 0"
+    assert _armed_layer("out = layer(torch.arange(3), x); print(out is x, len(calls))", "graph") == "True 0"
 
 
 def test_op_off_bare_op_puts_a_bare_in_place_op_where_hotwires_was():
     check = """
-traced = torch.fx.experimental.proxy_tensor.make_fx(lambda x: t(x, None, torch.arange(3), t.layer(0)))(x)
-print(len(calls), [str(n.target) for n in traced.graph.nodes if n.op == "call_function"][-1])
-"""
-    assert _armed_layer(check, "bare_op") == "0 hotwire_bench.touch_.default"
-
-
-def test_op_off_bare_route_gives_the_bare_op_the_layers_route_view():
-    check = """
-traced = torch.fx.experimental.proxy_tensor.make_fx(lambda x, r: t(x, None, torch.arange(3), r))(x, t.layer(0))
+traced = torch.fx.experimental.proxy_tensor.make_fx(lambda x: layer(torch.arange(3), x))(x)
 touch = [n for n in traced.graph.nodes if n.op == "call_function"][-1]
-print(touch.target, [getattr(a, "name", a) for a in touch.args])
+print(len(calls), touch.target, [getattr(a, "name", a) for a in touch.args])
 """
-    assert _armed_layer(check, "bare_route") == "hotwire_bench.touch_.default ['x_1', 'r_1']"
-    assert _armed_layer(check, "bare_op") == "hotwire_bench.touch_.default ['x_1', None]"  # the check can fail
-
-
-def test_op_off_unwrapped_arms_the_tables_but_keeps_the_layers_forward():
-    check = """
-from hotwire.engine_plugin import engine
-class ToyDecoderLayer(torch.nn.Module):
-    def forward(self, positions, hidden):
-        return hidden
-layer = ToyDecoderLayer()
-engine.arm({0: layer}, [0], t)
-print(type(layer).__name__, layer.hotwire is t, layer.hotwire_route.shape == t.layer(0).shape)
-"""
-    assert _armed_layer(check, "unwrapped") == "ToyDecoderLayer True True"
-    assert _armed_layer(check) == "SteeredToyDecoderLayer True True"  # the check can fail
+    assert _armed_layer(check, "bare_op") == "0 hotwire_bench.touch_.default ['x_1']"
 
 
 _STEER_ONE = """
@@ -114,7 +99,7 @@ t.bank[1] = 1.0
 t.route[1, 0, 0] = torch.tensor([1, 0, 100, 0, torch.tensor(2.0).view(torch.int32).item(), 0, 0, 0])
 t.tok_row[:3] = 1
 x = torch.zeros(3, 4)
-steer_op.steer_(x, None, torch.arange(3), t.bank, t.layer(0), t.tok_row)
+steer_op.steer_(x, None, torch.arange(3), layer.norm)
 print(x.sum().item())
 """
 
@@ -137,8 +122,8 @@ def test_op_off_salts_the_compile_cache_key():
 
 
 def test_without_op_off_the_same_layer_calls_the_op():
-    """The two checks above can fail: unpatched, the tables' forward calls the op."""
-    assert _armed_layer("t(x, None, torch.arange(3), t.layer(0)); print(len(calls))") == "1"
+    """The two checks above can fail: unpatched, the armed layer's forward calls the op."""
+    assert _armed_layer("layer(torch.arange(3), x); print(len(calls))") == "1"
 
 
 def test_host_state_waits_for_the_named_kernel_and_times_its_probes_there(monkeypatch):

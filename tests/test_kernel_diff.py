@@ -46,8 +46,7 @@ def test_wrapper_lines_differing_show_host_work_beyond_the_ops_call():
                      "triton_poi_fused_add_3.run(buf3, s72, stream=stream0)"], 11)
     armed = _wrapper(["buf5 = empty_strided_cuda((s80, 1024), (1024, 1), torch.bfloat16)",
                       "extern_kernels.mm(arg0_1, arg1_1, out=buf5)",
-                      "torch.ops.hotwire.steer_.default(buf5, None, arg2_1, arg3_1, arg4_1, arg5_1)",
-                      "del arg4_1", "buf6 = torch.clone(buf5)",
+                      "torch.ops.hotwire.steer_.default(buf5, None, arg2_1, arg3_1)", "buf6 = torch.clone(buf5)",
                       "triton_poi_fused_add_0.run(buf6, s80, stream=stream0)"], 22)
     a, b = wrapper_lines(free), wrapper_lines(armed)
     assert a["extern_kernels.mm(arg, arg, out=buf)"] == b["extern_kernels.mm(arg, arg, out=buf)"] == 1

@@ -2,6 +2,7 @@
 the Triton kernel against the torch reference."""
 
 from pathlib import Path
+from unittest import mock
 
 import pytest
 import torch
@@ -9,7 +10,7 @@ from torch import nn
 
 from hotwire.engine_plugin import idle_graphs, steer_op
 from hotwire.engine_plugin.interventions import ADD
-from hotwire.engine_plugin.steering import SteeringTables, arm, decoder_layers
+from hotwire.engine_plugin.steering import SteeringTables, anchors, arm, decoder_layers, steer
 from hotwire.shared.spec import NO_END
 
 H = 16
@@ -30,11 +31,38 @@ def reference(x, residual, pos, bank, route, tok_row=None, scratch=None):
     return out
 
 
+def bound(bank, route, tok_row=None, step=None, pos=0):
+    """``(anchor, layer)``: a fresh anchor bound to these tables (keep ``layer``: the binding lives
+    as long as it does)."""
+    layer = steer_op.ArmedLayer(bank, route, each_token(route) if tok_row is None else tok_row, step, pos)
+    anchor = torch.empty(1, device=bank.device)
+    steer_op.bind(anchor, layer)
+    return anchor, layer
+
+
+def opcheck(x, residual, pos, bank, route, tok_row):
+    """``torch.library.opcheck`` of the op given these tables. opcheck runs the op on copies of its
+    inputs, and a copy of an anchor has an address no layer is bound to: here every address is."""
+    layer = steer_op.ArmedLayer(bank, route, tok_row)
+    every = type("Every", (), {"get": lambda self, ptr: layer})()
+    with mock.patch.object(steer_op, "_LAYERS", every):
+        torch.library.opcheck(torch.ops.hotwire.steer_.default, (x, residual, pos, torch.empty(1, device=x.device)))
+
+
 def op(x, residual, pos, bank, route, tok_row=None):
-    """The registered op (``hotwire::steer_``, in place) on a copy of ``x``."""
+    """The registered op (``hotwire::steer_``, in place) on a copy of ``x``, given these tables."""
     out = x.clone()
-    torch.ops.hotwire.steer_(out, residual, pos, bank, route, each_token(route) if tok_row is None else tok_row)
+    anchor, layer = bound(bank, route, tok_row)
+    torch.ops.hotwire.steer_(out, residual, pos, anchor)
     return out
+
+
+def steered(t, pos, x, residual, positions):
+    """Armed layer ``pos`` of tables ``t`` steering a copy of ``x`` (:func:`.steering.steer`: bound
+    as :func:`.steering.arm` binds it, with the tables' step state)."""
+    layers = {i: nn.Linear(H, H) for i in range(len(t.layers))}
+    arm(layers, anchors(layers, list(layers)), t)
+    return steer(layers[pos], x.clone(), residual, positions)
 
 
 def _bits(v: float) -> int:
@@ -47,9 +75,9 @@ def _entry(row: int, lo: int, hi: int, scale: float, mode: int = ADD, clo: float
     return torch.tensor([row, lo, hi, mode, _bits(scale), _bits(clo), _bits(chi), 0], dtype=torch.int32)
 
 
-def _tables(requests=4, entries=2, armed=2):
+def _tables(requests=4, entries=2, armed=2, dtype=torch.float32):
     t = SteeringTables(slots=8, hidden=H, armed=armed, requests=requests, entries=entries,
-                       max_tokens=32, dtype=torch.float32, device=torch.device("cpu"))
+                       max_tokens=32, dtype=dtype, device=torch.device("cpu"))
     torch.manual_seed(0)
     t.bank[1:] = torch.randn(8, H)
     return t
@@ -59,7 +87,7 @@ def test_unsteered_tokens_are_returned_bit_for_bit():
     t = _tables()
     x = torch.randn(5, H)
     x[0, :3] = torch.tensor([-0.0, 0.0, 1e-38])  # signed zeros and denormals survive too
-    out = t(x.clone(), torch.randn(5, H), torch.arange(5), t.layer(0))
+    out = steered(t, 0, x, torch.randn(5, H), torch.arange(5))
     assert torch.equal(out, x) and torch.equal(torch.signbit(out), torch.signbit(x))
 
 
@@ -70,7 +98,7 @@ def test_entries_add_scaled_rows_on_their_positions_only():
     t.route[1, 0, 1] = _entry(5, 2, 4, -2.0)
     t.tok_row[:6] = torch.tensor([0, 1, 1, 1, 1, 0], dtype=torch.int32)  # tokens 1-4 belong to request row 1
     x, pos = torch.randn(6, H), torch.tensor([9, 0, 1, 2, 3, 4])
-    out = t(x.clone(), None, pos, t.layer(0))
+    out = steered(t, 0, x, None, pos)
     want = x.clone()
     for tok in range(1, 5):
         want[tok] += 1.5 * t.bank[3]
@@ -78,7 +106,7 @@ def test_entries_add_scaled_rows_on_their_positions_only():
             want[tok] += -2.0 * t.bank[5]
     torch.testing.assert_close(out, want, rtol=0, atol=1e-6)
     assert torch.equal(out[0], x[0]) and torch.equal(out[5], x[5])
-    assert torch.equal(t(x.clone(), None, pos, t.layer(1)), x)  # the other armed layer has no entries
+    assert torch.equal(steered(t, 1, x, None, pos), x)  # the other armed layer has no entries
 
 
 def _mode_entry(spec: dict, row: int, bank: torch.Tensor) -> torch.Tensor:
@@ -209,12 +237,12 @@ def test_a_steered_token_saturates_and_an_unsteered_one_keeps_even_infinities(dt
 
 
 def test_steered_request_keeps_its_bits_outside_its_window():
-    t = _tables()
+    t = _tables(dtype=torch.bfloat16)
     t.route[1, 0, 0] = _entry(3, 100, 200, 2.0)  # a window no token is in
     t.tok_row[:4] = 1
     x = torch.randn(4, H).to(torch.bfloat16)
     x[0, :2] = torch.tensor([-0.0, 0.0])
-    out = t.to(torch.bfloat16)(x.clone(), x, torch.arange(4), t.layer(0))
+    out = steered(t, 0, x, x, torch.arange(4))
     assert torch.equal(out.view(torch.int16), x.view(torch.int16))  # every bit, signed zeros included
 
 
@@ -223,7 +251,7 @@ def test_mrope_positions_use_the_first_row():
     t.route[1, 0, 0] = _entry(2, 3, 4, 1.0)
     t.tok_row[:2] = 1
     x = torch.zeros(2, H)
-    out = t(x.clone(), None, torch.tensor([[3, 4], [0, 0], [0, 0]]), t.layer(0))
+    out = steered(t, 0, x, None, torch.tensor([[3, 4], [0, 0], [0, 0]]))
     assert torch.equal(out[0], t.bank[2]) and torch.equal(out[1], x[1])
 
 
@@ -249,7 +277,7 @@ def test_arm_wraps_only_chosen_layers_and_keeps_names():
     found = decoder_layers(model)
     assert sorted(found) == [0, 1, 2]
     t = _tables(armed=1)
-    armed = arm(found, [2], t)
+    armed = arm(found, anchors(found, [2]), t)
     assert armed.layers == (2,) and armed.position(2) == 0 and armed.position(0) is None
     assert [n for n, _ in model.named_parameters()] == names
     assert isinstance(model.layers[2], QwenishDecoderLayer) and type(model.layers[0]) is QwenishDecoderLayer
@@ -279,7 +307,7 @@ def test_only_layers_taking_positions_are_found_and_positions_are_read_by_name()
     found = decoder_layers(model)
     assert sorted(found) == [1, 2]
     t = _tables(armed=1)
-    arm(found, [1], t)
+    arm(found, anchors(found, [1]), t)
     t.route[1, 0, 0] = _entry(1, 2, 3, 1.0)  # slot 1 on positions [2, 3)
     t.tok_row[:3] = 1
     x, pos = torch.randn(3, H), torch.tensor([0, 1, 2])
@@ -290,10 +318,58 @@ def test_only_layers_taking_positions_are_found_and_positions_are_read_by_name()
 def test_steered_layer_compiles_without_graph_breaks():
     model = Model(1)
     t = _tables(armed=1)
-    arm(decoder_layers(model), [0], t)
+    found = decoder_layers(model)
+    arm(found, anchors(found, [0]), t)
     layer = model.layers[0]
     explain = torch._dynamo.explain(layer)(torch.arange(4), torch.randn(4, H), None)
     assert explain.graph_break_count == 0 and explain.graph_count == 1
+
+
+def test_arming_adds_no_input_to_the_compiled_forward():
+    """The compiled forward takes exactly the inputs it takes without the plugin: each input is
+    one more slot in the frames that run the forward and stay on the stack under every launch in
+    it, and 31 more moved the end of CPython's frame-stack chunk into vLLM's attention launch
+    (``steer_op``, "Why the tables are found through an anchor")."""
+
+    def compiled_inputs(model: Model) -> tuple[int, str]:
+        seen = []
+
+        def backend(gm, example_inputs):
+            seen.append((len(example_inputs), gm.code))
+            return gm
+
+        def forward(pos, x):
+            r = None
+            for layer in model.layers:
+                x, r = layer(pos, x, r)
+            return x + r + pos[:, None]  # vLLM's forward reads the positions anyway (rotary)
+
+        torch._dynamo.reset()
+        torch.compile(forward, backend=backend, fullgraph=True)(torch.arange(4), torch.randn(4, H))
+        (got,) = seen
+        return got
+
+    plain = compiled_inputs(Model(3))
+    model = Model(3)
+    found = decoder_layers(model)
+    t = _tables(armed=3)
+    arm(found, anchors(found, [0, 1, 2]), t)
+    armed = compiled_inputs(model)
+    assert armed[1].count("hotwire.steer_") == 3
+    assert armed[0] == plain[0]
+
+
+def test_anchors_are_distinct_even_where_layers_share_a_weight():
+    """A weight shared between layers cannot tell them apart: each layer's anchor is one of its
+    own, and a layer with none of its own is left out."""
+    model = Model(3)
+    model.layers[1].lin.bias = model.layers[0].lin.bias  # the last parameter of layers 0 and 1: one tensor
+    model.layers[2].lin = model.layers[1].lin  # each of layer 2's parameters is another layer's anchor
+    found = decoder_layers(model)
+    paths = anchors(found, [0, 1, 2])
+    assert sorted(paths) == [0, 1]
+    ptrs = {i: found[i].get_parameter(".".join(p)).data_ptr() for i, p in paths.items()}
+    assert len(set(ptrs.values())) == 2
 
 
 def test_armed_layers_trace_to_one_graph():
@@ -301,7 +377,8 @@ def test_armed_layers_trace_to_one_graph():
     # graph share one inductor compile. A layer index baked into the graph would make every
     # armed layer's piece unique (and start-up grow with the layers armed).
     model = Model(3)
-    arm(decoder_layers(model), [0, 2], _tables(armed=2))
+    found = decoder_layers(model)
+    arm(found, anchors(found, [0, 2]), _tables(armed=2))
     codes = []
 
     def backend(gm, example_inputs):
@@ -354,18 +431,25 @@ def _mixed(route: torch.Tensor) -> torch.Tensor:
 def test_op_registration_is_consistent_with_its_fake():
     x, residual, pos, bank, route = _random_tables(9, H, torch.float32, "cpu")
     for res in (residual, None):
-        args = (x, res, pos, bank, route[:, 1], _mixed(route))  # a layer's strided view, as the armed layers pass it
-        torch.library.opcheck(torch.ops.hotwire.steer_.default, args)
+        args = (x, res, pos, bank, route[:, 1], _mixed(route))  # a layer's strided view, as armed layers have
+        opcheck(*args)
         assert torch.equal(op(*args), reference(*args))
         assert not torch.equal(reference(*args)[-1], x[-1])
+
+
+def test_an_anchor_bound_to_no_layer_is_an_error():
+    x, residual, pos, bank, route = _random_tables(4, H, torch.float32, "cpu")
+    with pytest.raises(RuntimeError, match="no armed layer is bound"):
+        torch.ops.hotwire.steer_(x, residual, pos, torch.empty(1))
 
 
 def _inference_op(x, residual, pos, bank, route, tok_row):
     """The registered op on a copy of ``x`` in inference mode, as vLLM's forward calls it: past
     the dispatcher (``steer_op._call_past_the_dispatcher``)."""
     out = x.clone()
+    anchor, layer = bound(bank, route, tok_row)
     with torch.inference_mode():
-        torch.ops.hotwire.steer_.default(out, residual, pos, bank, route, tok_row)
+        torch.ops.hotwire.steer_.default(out, residual, pos, anchor)
     return out
 
 
@@ -383,20 +467,23 @@ def test_an_inference_call_steers_as_a_dispatched_one(device):
 def test_an_inference_call_of_the_op_keeps_the_gil():
     """The dispatcher lets the GIL go on the way to the op's Python kernel, on every armed layer of
     a step run without a CUDA graph; a plain inference call goes past it (tests/gil_probe.py):
-    calls in an idle step, and on a layer no request steers."""
+    calls in an idle step, and on a layer no request steers. The anchor is a parameter, as the
+    armed layers' anchors are."""
     from gil_probe import SLOW_S, longest_call
 
     x, residual, pos, bank, route = _random_tables(64, H, torch.float32, "cpu")
-    tok = _mixed(route)
-    state = steer_op.StepState(None, [route[:, 0]])
-    steer_op.attach(bank, state)
+    tok, state = _mixed(route), steer_op.StepState(None, 2)
     state.route_layers([0])
-    calls = [(True, route[:, 0]), (False, route[:, 1])]  # an idle step, then a layer no request steers
+    layers = [steer_op.ArmedLayer(bank, route[:, i], tok, state, i) for i in (0, 1)]
+    anchors = [nn.Parameter(torch.empty(1)) for _ in layers]
+    for anchor, layer in zip(anchors, layers):
+        steer_op.bind(anchor, layer)
+    calls = [(True, anchors[0]), (False, anchors[1])]  # an idle step, then a layer no request steers
 
     def call(k: int) -> None:
-        idle, layer_route = calls[k % 2]
+        idle, anchor = calls[k % 2]
         idle_graphs.select(idle)
-        torch.ops.hotwire.steer_.default(x, residual, pos, bank, layer_route, tok)
+        torch.ops.hotwire.steer_.default(x, residual, pos, anchor)
 
     try:
         with torch.inference_mode():
@@ -409,8 +496,9 @@ def test_an_inference_call_of_the_op_keeps_the_gil():
 def test_a_profiled_call_still_shows_the_op():
     """Under the profiler the call goes through the dispatcher, so traces name ``hotwire::steer_``."""
     x, residual, pos, bank, route = _random_tables(4, H, torch.float32, "cpu")
+    anchor, layer = bound(bank, route[:, 0], _mixed(route))
     with torch.profiler.profile() as prof, torch.inference_mode():
-        torch.ops.hotwire.steer_.default(x.clone(), residual, pos, bank, route[:, 0], _mixed(route))
+        torch.ops.hotwire.steer_.default(x.clone(), residual, pos, anchor)
     assert any(e.name == "hotwire::steer_" for e in prof.events())
 
 
@@ -430,7 +518,7 @@ def test_triton_kernel_matches_the_reference(n, h, dtype):
         # tokens with no entry on: every bit of x, signed zeros included
         assert torch.equal(got[off].cpu().view(torch.uint8), x[off].cpu().view(torch.uint8))
         torch.testing.assert_close(got.cpu(), want, rtol=1e-2 if dtype != torch.float32 else 1e-5, atol=1e-2)
-        torch.library.opcheck(torch.ops.hotwire.steer_.default, at)
+        opcheck(*at)
 
 
 @pytest.mark.gpu
@@ -590,13 +678,13 @@ def test_a_prompt_gate_decides_on_the_prompts_last_token_and_holds():
     assert torch.equal(reference(x2, r2, torch.tensor([9]), bank, route1, tok, scratch), x2)
 
 
-def test_the_op_finds_its_gate_scratch_through_the_bank():
+def test_the_op_finds_its_gate_scratch_through_its_anchor():
     t = _tables(entries=2)
     x, res, bank, route0, route1, _, _ = _gated_case()
     t.bank[: bank.shape[0]] = bank
     t.tok_row[:8] = 2
     t.route[2, 0] = route0[3]
-    out = op(x, res, torch.arange(8), t.bank, t.layer(0), t.tok_row)
+    out = steered(t, 0, x, res, torch.arange(8))
     opened = (x + res) @ (bank[2] / bank[2].norm()) > 0.1
     assert torch.equal(t.gates[:8, 0].bool(), opened) and t.gate_counts[2, 0] == opened.sum()
     assert not torch.equal(out, x)
@@ -611,25 +699,26 @@ def test_the_op_runs_only_on_the_layers_the_step_has_entries_on():
     t.route[1, 1, 0] = _entry(2, 0, NO_END, -1.0)
     t.tok_row[:4] = 1
     x, pos = torch.randn(4, H), torch.arange(4)
-    both = [op(x, None, pos, t.bank, t.layer(i), t.tok_row) for i in (0, 1)]
+    both = [steered(t, i, x, None, pos) for i in (0, 1)]
     assert not torch.equal(both[0], x) and not torch.equal(both[1], x)
     t.step.route_layers([1])
-    assert torch.equal(op(x, None, pos, t.bank, t.layer(0), t.tok_row), x)  # not live: untouched
-    assert torch.equal(op(x, None, pos, t.bank, t.layer(1), t.tok_row), both[1])
+    assert torch.equal(steered(t, 0, x, None, pos), x)  # not live: untouched
+    assert torch.equal(steered(t, 1, x, None, pos), both[1])
     t.step.route_layers([])
-    assert torch.equal(op(x, None, pos, t.bank, t.layer(1), t.tok_row), x)
+    assert torch.equal(steered(t, 1, x, None, pos), x)
 
 
 def test_the_op_writes_steered_tokens_in_place_and_leaves_the_rest_alone():
     x, residual, pos, bank, route = _random_tables(9, H, torch.float32, "cpu")
     want = reference(x, residual, pos, bank, route[:, 1])
-    steered = ~torch.all(want == x, dim=1)
-    assert 0 < steered.sum() < 9
-    y, ptr = x.clone(), None
+    steered_rows = ~torch.all(want == x, dim=1)
+    assert 0 < steered_rows.sum() < 9
+    y = x.clone()
     ptr = y.data_ptr()
-    assert torch.ops.hotwire.steer_(y, residual, pos, bank, route[:, 1], each_token(route)) is None
+    anchor, layer = bound(bank, route[:, 1])
+    assert torch.ops.hotwire.steer_(y, residual, pos, anchor) is None
     assert y.data_ptr() == ptr and torch.equal(y, want)
-    assert torch.equal(y[~steered].view(torch.int32), x[~steered].view(torch.int32))
+    assert torch.equal(y[~steered_rows].view(torch.int32), x[~steered_rows].view(torch.int32))
 
 
 def test_the_op_does_nothing_while_idle_graphs_skip_it():
@@ -651,7 +740,8 @@ def test_inductor_steers_the_layer_output_in_place_without_a_copy():
 
     model = Model(2)
     t = _tables(armed=2)
-    arm(decoder_layers(model), [0, 1], t)
+    found = decoder_layers(model)
+    arm(found, anchors(found, [0, 1]), t)
     t.route[1, 0, 0] = _entry(1, 0, NO_END, 2.0)
     t.tok_row[:4] = 1
 

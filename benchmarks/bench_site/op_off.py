@@ -12,28 +12,22 @@ set ``BENCH_OP_OFF`` (``server_kinds.py``: ``hotwire_host_only``, ``hotwire_grap
   Beside ``hotwire``: what the op's launches from Python cost in those steps.
 * ``dispatch``: the op runs as deployed, but every call goes through torch's dispatcher, as
   before ``steer_op._call_past_the_dispatcher``. Beside ``hotwire``: what going past it gains.
-* ``graph``: the layers are armed (their class, the tables as their buffers) but their forward
-  never calls the op, so the compiled graph has none. Beside ``hotwire``: what the op's place in
-  the compiled graph costs, launches or not.
+* ``graph``: the layers are armed (their class, their anchors bound) but their forward never
+  calls the op, so the compiled graph has none. Beside ``hotwire``: what the op's place in the
+  compiled graph costs, launches or not.
 * ``bare_op``: as ``graph``, but the forward calls a bare in-place op on the layer's output
-  (``hotwire_bench::touch_(Tensor(a!) x, Tensor? y)``, given no ``y``, which does nothing): an op
-  node where hotwire's is, without the tables, the positions and the routing as its inputs.
-  Beside ``graph`` and ``hotwire``: whether the op node itself or what flows into it costs.
-* ``bare_route``, ``bare_bank``, ``bare_tok_row``, ``bare_positions``: the bare op given one of
-  hotwire's op's inputs as well (the layer's route view, the bank, the token map, the positions).
-  Beside ``bare_op`` and ``noop_impl``: which input costs.
+  (``hotwire_bench::touch_(Tensor(a!) x)``, which does nothing): an op node where hotwire's is,
+  without the positions and the anchor. Beside ``graph`` and ``hotwire``: whether the op node
+  itself or what flows into it costs.
 * ``noop_impl``: hotwire's op in the graph with all its inputs, but every call returns at once,
   while vLLM captures graphs too (no Triton kernel is ever compiled or captured). Beside
   ``bare_op``: whether the op's inputs cost.
 * ``no_launch``: hotwire's op as deployed, deciding per call whether to steer, but its Triton
   kernel is never launched, not even while vLLM captures graphs. Beside ``noop_impl`` and
   ``hotwire``: whether the op's Python or its kernel in the captured graphs costs.
-* ``unwrapped``: the layers get the tables as before (a child module, their route slice as a
-  buffer), but keep their own class, so their forward is vLLM's. Beside ``graph``: whether
-  the wrapped forward or the tables the layers hold cost.
 
-Each setting salts vLLM's compile-cache key (``salts.compile_salt``): ``graph``, ``unwrapped`` and
-the bare ops trace other code than hotwire's, which a cache entry written by a deployed engine
+Each setting salts vLLM's compile-cache key (``salts.compile_salt``): ``graph`` and ``bare_op``
+trace other code than hotwire's, which a cache entry written by a deployed engine
 would otherwise replace (session 27's first call measured two such engines as the armed one).
 """
 
@@ -44,54 +38,36 @@ import torch
 from hotwire.engine_plugin import engine, idle_graphs, salts, steer_op, steering
 
 where = os.environ.get("BENCH_OP_OFF")
-# the bare op's second input: none, or one of hotwire's op's inputs
-_BARE = {"bare_op": None, "bare_route": "route", "bare_bank": "bank", "bare_tok_row": "tok_row",
-         "bare_positions": "positions"}
 _salt = salts.compile_salt
 salts.compile_salt = lambda vllm_config: f"{_salt(vllm_config)};bench_op_off={where}"
 if where == "all":
     _select = idle_graphs.select
     idle_graphs.select = lambda idle: _select(True)
 elif where == "graph":
-    steering.SteeringTables.forward = lambda self, x, residual, positions, route: x
-elif where in _BARE:
+    steering.steer = lambda layer, x, residual, positions: x
+elif where == "bare_op":
     _LIB = torch.library.Library("hotwire_bench", "DEF")  # kept: the op lives as long as its library
-    _LIB.define("touch_(Tensor(a!) x, Tensor? y) -> ()")
-    _LIB.impl("touch_", lambda x, y: None, "CompositeExplicitAutograd")
-    torch.library.register_fake("hotwire_bench::touch_")(lambda x, y: None)
+    _LIB.define("touch_(Tensor(a!) x) -> ()")
+    _LIB.impl("touch_", lambda x: None, "CompositeExplicitAutograd")
+    torch.library.register_fake("hotwire_bench::touch_")(lambda x: None)
     _touch = torch.ops.hotwire_bench.touch_.default
 
-    def _touched(self, x, residual, positions, route):
-        extra = _BARE[where]
-        if extra == "positions":
-            y = (positions if positions.dim() == 1 else positions[0])[: x.shape[0]]
-        else:
-            y = {"route": route, "bank": self.bank, "tok_row": self.tok_row}.get(extra)
-        _touch(x, y)
+    def _touched(layer, x, residual, positions):
+        _touch(x)
         return x
 
-    steering.SteeringTables.forward = _touched
+    steering.steer = _touched
 elif where == "noop_impl":
-    steer_op._runs = lambda bank, route: (False, None)
+    steer_op._steering = lambda anchor: None
 elif where == "no_launch":
     from hotwire.engine_plugin import steer_triton
 
     steer_triton.launch = lambda *args, **kwargs: None
-elif where == "unwrapped":
-    _arm = engine.arm
-
-    def _arm_unwrapped(found, armed, tables, projecting=frozenset()):
-        armed_model = _arm(found, armed, tables, projecting)
-        for i in armed:
-            found[i].__class__ = type(found[i]).__mro__[1]
-        return armed_model
-
-    engine.arm = _arm_unwrapped
 elif where == "dispatch":
     steer_op.steer_._op = steer_op.steer_._op.__wrapped__
 elif where == "eager":
     captured = False
-    _report, _runs = engine.Steerer.report_capture, steer_op._runs
+    _report, _steering = engine.Steerer.report_capture, steer_op._steering
 
     def report_capture(self) -> None:
         global captured
@@ -99,4 +75,4 @@ elif where == "eager":
         _report(self)
 
     engine.Steerer.report_capture = report_capture
-    steer_op._runs = lambda bank, route: (False, None) if captured else _runs(bank, route)
+    steer_op._steering = lambda anchor: None if captured else _steering(anchor)
