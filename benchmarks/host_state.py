@@ -53,6 +53,23 @@ def snapshot() -> dict[str, Any]:
     return state
 
 
+def _stack() -> dict[str, Any]:
+    """This thread's Python frames, outermost first, with a size for each: its locals, cells,
+    free variables and value stack, in slots (pointers). CPython (3.11+) keeps these frames in
+    16 KiB chunks: a call that does not fit in the current chunk allocates the next one, and
+    frees it on return, so calls made right at a chunk's end pay that every time. Two engines
+    whose frames differ move that end; the sizes say where they differ."""
+    frames = []
+    f = sys._getframe(1)
+    while f is not None:
+        c = f.f_code
+        frames.append(f"{c.co_name} {c.co_filename.rsplit('/', 2)[-1]}:{c.co_firstlineno} "
+                      f"{c.co_nlocals + len(c.co_cellvars) + len(c.co_freevars) + c.co_stacksize}")
+        f = f.f_back
+    frames.reverse()
+    return {"slots": sum(int(s.rsplit(" ", 1)[1]) for s in frames), "frames": frames}
+
+
 def _thread_frames() -> dict[str, str]:
     """Where each other thread is: ``file:line function`` of its innermost frame."""
     names = {t.ident: t.name for t in threading.enumerate()}
@@ -75,7 +92,7 @@ def in_forward(kernel: str | None = None, probes: dict[str, Callable[[], Any]] |
 
     def probed(self, *args, **kwargs):
         if not seen and (kernel is None or kernel_name(self) == kernel):
-            seen.update(snapshot(), kernel=kernel_name(self))
+            seen.update(snapshot(), kernel=kernel_name(self), stack=_stack())
             seen["us_per_call"] = {k: per_call_us(fn, repeat, inner) for k, fn in (probes or {}).items()}
         return run(self, *args, **kwargs)
 
