@@ -38,8 +38,11 @@
 #                                           # op, out of the graph (no cProfile; the likeliest first);
 #                                           # 4 = plugin-free, out of the graph, bare op, all armed;
 #                                           # 5 = plugin-free, the op doing nothing, all armed; 6 =
-#                                           # plugin-free, the op never launching, all armed;
-#                                           # each compared with its round's plugin-free engine
+#                                           # plugin-free, the op never launching, all armed; 7 =
+#                                           # plugin-free, all armed, all armed, plugin-free (how far
+#                                           # two engines of one kind differ, in one call);
+#                                           # each compared with its round's latest plugin-free
+#                                           # engine; files fc-KIND-ROUND-N.json, N its place in the round
 #   bash benchmarks/h200.sh pair   OUTDIR   # two GPUs: TP=2 and PP=2 servers with runtime registration
 #                                           # (tests/test_e2e_parallel.py as deployed: bf16, graphs on)
 #   bash benchmarks/h200.sh all    OUTDIR   # the four stages one after another (0.6B, 4B, 8B; 64, 256 in
@@ -156,7 +159,7 @@ split() {  # split [A|B]: one simultaneous run under MPS, hotwire beside kinds t
 
 forward() {  # forward [ROUND...]: engines one after another, alone on the GPU (a job each, not at once)
   python3 -c "from hotwire.tools.tiny_model import write_config; write_config('/tmp/hw-q06', 'qwen3-0.6b')"
-  local round kinds kind name flag envs prof
+  local round kinds kind name flag envs prof free n
   for round in "${@:-1}"; do
     case $round in
       1) kinds="free armed28 graph bare_op no_mailbox" ;;
@@ -165,9 +168,12 @@ forward() {  # forward [ROUND...]: engines one after another, alone on the GPU (
       4) kinds="free graph bare_op armed28" ;;
       5) kinds="free noop_impl armed28" ;;
       6) kinds="free no_launch armed28" ;;
-      *) echo "forward rounds are 1 to 6" >&2; return 2 ;;
+      7) kinds="free armed28 armed28 free" ;;
+      *) echo "forward rounds are 1 to 7" >&2; return 2 ;;
     esac
+    free="" n=0
     for kind in $kinds; do
+      n=$((n + 1))
       flag=--plugin envs=() prof=()
       case $kind in
         free) flag="" ;;
@@ -175,13 +181,16 @@ forward() {  # forward [ROUND...]: engines one after another, alone on the GPU (
         no_mailbox) envs=(HOTWIRE_MAILBOX=off) ;;
       esac
       [ "$round" = 1 ] && { [ $kind = free ] || [ $kind = armed28 ]; } && prof=(--cprofile 128)
-      name=fc-$kind-$round
+      name=fc-$kind-$round-$n
       job "$name" env "${envs[@]}" python3 benchmarks/forward_cost.py --model /tmp/hw-q06 --dummy --requests 512 \
         "${prof[@]}" $flag --out "$out/$name.json"
       wait
       grep "forward:NONE\|forward:PIECE\| schedule \|steps,\|exit status" "$out/logs/$name.log"
-      [ $kind = free ] || [ ! -f "$out/fc-free-$round.json" ] || [ ! -f "$out/$name.json" ] \
-        || python3 benchmarks/forward_cost.py --compare "$out/fc-free-$round.json" "$out/$name.json" >"$out/compare-$name.json"
+      if [ $kind = free ]; then
+        [ -f "$out/$name.json" ] && free=$out/$name.json
+      elif [ -n "$free" ] && [ -f "$out/$name.json" ]; then  # beside the round's latest plugin-free engine
+        python3 benchmarks/forward_cost.py --compare "$free" "$out/$name.json" >"$out/compare-$name.json"
+      fi
     done
   done
 }

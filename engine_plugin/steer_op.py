@@ -47,17 +47,17 @@ And in such a step the op returns at once, before any launch, for the layers no 
 step has an entry on (:class:`StepState` ``live``): a step steering 2 layers of 28 launches 2
 kernels.
 
-Why the tables are found through an anchor, not passed. The op's inputs are the compiled
-forward's inputs too, and every one of them is one more slot in the Python frames that run the
-forward (Dynamo's, the split graph's) and stay on the stack under every launch in it. The 28
-route views, the bank and the token map made those frames 31 slots longer, and that was enough
-to move the end of CPython's 16 KiB frame-stack chunk into the frames of vLLM's attention launch:
-every Python call made there crossed into a chunk allocated and freed again on return
-(``torch.cuda.current_device()`` 5.4 against 0.22 µs, the step 20 % longer on an H100;
-``docs/performance.md``, "Session 28"). So the op adds no input: it takes one of the layer's own
-parameters, which the compiled forward takes anyway, as its ``anchor``, and finds the layer's
-tables by the anchor's address (:func:`bind`, :func:`.steering.anchor_path`), as vLLM's attention
-finds its KV cache by the layer's name. A layer index would not do: a constant of the traced graph
+Why the tables are found through an anchor, not passed. The op's inputs are inputs of the
+compiled forward too, and each is one more slot in the Python frames that run the forward
+(Dynamo's, the split graph's) and stay on the stack under every launch in it. CPython (3.11+)
+keeps frames in 16 KiB chunks, and a call that crosses a chunk's end allocates the next chunk and
+frees it on return, every time. The 28 route views (one per armed layer) moved that end under vLLM's
+attention launch: three nested Python calls there took 4.5 µs instead of 0.07, and the step 20 %
+longer on an H100 (``docs/performance.md``, "Session 28"). So the op takes no input the plugin-free
+forward does not: its ``anchor`` is one of the layer's own parameters, which the forward takes
+anyway, and the layer's tables are found by the anchor's address (:func:`bind`,
+:func:`.steering.anchor_path`), as vLLM's attention finds its KV cache by the layer's name.
+A layer index would not do: a constant of the traced graph
 makes every armed layer's piece of it unique (inductor compiled each one: start-up +75 % at 28
 layers). The op reads a token's entries through ``tok_row``, one dependent load per token, rather
 than from a per-token copy of the rows: a step whose batch changed then uploads only the token
