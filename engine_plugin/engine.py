@@ -65,10 +65,11 @@ class Steerer:
                         "*DecoderLayer modules whose forward takes vLLM's positions); serving without steering",
                         type(model).__name__, cfg.layers)
             return None
-        paths = anchors(found, armed)
+        paths = anchors(found, armed, torch.device(runner.device))
         if len(paths) < len(armed):
-            log.warning("hotwire: decoder layers %s have no parameter of their own to anchor the op to; "
-                        "they stay unarmed", [i for i in armed if i not in paths])
+            log.warning("hotwire: decoder layers %s have no parameter of their own on %s to anchor the op to "
+                        "(shared with another layer, or offloaded to host memory); they stay unarmed",
+                        [i for i in armed if i not in paths], runner.device)
             armed = list(paths)
             if not armed:
                 return None

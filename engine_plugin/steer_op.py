@@ -142,7 +142,8 @@ def _steering(anchor: torch.Tensor) -> ArmedLayer | None:
     layer = _LAYERS.get(anchor.data_ptr())
     if layer is None:
         raise RuntimeError("hotwire::steer_ was given an anchor no armed layer is bound to "
-                           "(steer_op.bind): was this layer armed in this process?")
+                           "(steer_op.bind): was this layer armed in this process, and does its forward "
+                           "run on the parameter arming saw rather than a copy of it?")
     step = layer.step
     return layer if step is None or layer.pos in step.live else None
 

@@ -123,14 +123,17 @@ def _positions_arg(cls: type) -> int | None:
     return None
 
 
-def anchor_path(layer: nn.Module, taken: set[int]) -> tuple[str, ...] | None:
+def anchor_path(layer: nn.Module, taken: set[int], device: torch.device) -> tuple[str, ...] | None:
     """Where the op's anchor is in ``layer`` (:mod:`.steer_op`): the last parameter registered
-    whose address is not in ``taken`` (other armed layers' anchors: a weight shared between layers
-    cannot tell them apart), preferring a plain ``nn.Parameter`` (a subclass with its own torch
-    function sends the call through the dispatcher). In most decoder families the last is a norm's
-    weight read after the attention, already an input of the compiled piece the op is in. None
-    when the layer has no such parameter."""
-    params = [(name, p) for name, p in layer.named_parameters() if p.numel() and p.data_ptr() not in taken]
+    that is on ``device`` and whose address is not in ``taken`` (other armed layers' anchors: a
+    weight shared between layers cannot tell them apart), preferring a plain ``nn.Parameter`` (a
+    subclass with its own torch function sends the call through the dispatcher). In most decoder
+    families the last is a norm's weight read after the attention, already an input of the compiled
+    piece the op is in. A parameter vLLM offloaded to host memory without a device view of it is
+    not on ``device``: its forward runs on a fresh copy each time, at another address. None when
+    the layer has no such parameter."""
+    params = [(name, p) for name, p in layer.named_parameters()
+              if p.numel() and p.device.type == device.type and p.data_ptr() not in taken]
     plain = [(name, p) for name, p in params if type(p) in (nn.Parameter, torch.Tensor)]
     return tuple((plain or params)[-1][0].split(".")) if params else None
 
@@ -173,12 +176,12 @@ def _steered_class(base: type, reads_stream: bool) -> type:
     return type(name, (base,), {"forward": forward, "__module__": __name__})
 
 
-def anchors(found: dict[int, nn.Module], armed: list[int]) -> dict[int, tuple[str, ...]]:
+def anchors(found: dict[int, nn.Module], armed: list[int], device: torch.device) -> dict[int, tuple[str, ...]]:
     """Each armed layer's anchor (:func:`anchor_path`), for those that have one."""
     taken: set[int] = set()
     paths = {}
     for i in armed:
-        path = anchor_path(found[i], taken)
+        path = anchor_path(found[i], taken, device)
         if path is not None:
             paths[i] = path
             taken.add(_walk(found[i], path).data_ptr())

@@ -60,7 +60,7 @@ class ToyDecoderLayer(torch.nn.Module):
     def forward(self, positions, hidden):
         return hidden
 layer = ToyDecoderLayer()
-steering.arm({0: layer}, steering.anchors({0: layer}, [0]), t)
+steering.arm({0: layer}, steering.anchors({0: layer}, [0], torch.device('cpu')), t)
 x = torch.ones(3, 4)
 """
 

@@ -14,6 +14,7 @@ from hotwire.engine_plugin.steering import SteeringTables, anchors, arm, decoder
 from hotwire.shared.spec import NO_END
 
 H = 16
+CPU = torch.device("cpu")
 
 
 def each_token(route: torch.Tensor) -> torch.Tensor:
@@ -61,7 +62,7 @@ def steered(t, pos, x, residual, positions):
     """Armed layer ``pos`` of tables ``t`` steering a copy of ``x`` (:func:`.steering.steer`: bound
     as :func:`.steering.arm` binds it, with the tables' step state)."""
     layers = {i: nn.Linear(H, H) for i in range(len(t.layers))}
-    arm(layers, anchors(layers, list(layers)), t)
+    arm(layers, anchors(layers, list(layers), CPU), t)
     return steer(layers[pos], x.clone(), residual, positions)
 
 
@@ -277,7 +278,7 @@ def test_arm_wraps_only_chosen_layers_and_keeps_names():
     found = decoder_layers(model)
     assert sorted(found) == [0, 1, 2]
     t = _tables(armed=1)
-    armed = arm(found, anchors(found, [2]), t)
+    armed = arm(found, anchors(found, [2], CPU), t)
     assert armed.layers == (2,) and armed.position(2) == 0 and armed.position(0) is None
     assert [n for n, _ in model.named_parameters()] == names
     assert isinstance(model.layers[2], QwenishDecoderLayer) and type(model.layers[0]) is QwenishDecoderLayer
@@ -307,7 +308,7 @@ def test_only_layers_taking_positions_are_found_and_positions_are_read_by_name()
     found = decoder_layers(model)
     assert sorted(found) == [1, 2]
     t = _tables(armed=1)
-    arm(found, anchors(found, [1]), t)
+    arm(found, anchors(found, [1], CPU), t)
     t.route[1, 0, 0] = _entry(1, 2, 3, 1.0)  # slot 1 on positions [2, 3)
     t.tok_row[:3] = 1
     x, pos = torch.randn(3, H), torch.tensor([0, 1, 2])
@@ -319,7 +320,7 @@ def test_steered_layer_compiles_without_graph_breaks():
     model = Model(1)
     t = _tables(armed=1)
     found = decoder_layers(model)
-    arm(found, anchors(found, [0]), t)
+    arm(found, anchors(found, [0], CPU), t)
     layer = model.layers[0]
     explain = torch._dynamo.explain(layer)(torch.arange(4), torch.randn(4, H), None)
     assert explain.graph_break_count == 0 and explain.graph_count == 1
@@ -353,7 +354,7 @@ def test_arming_adds_no_input_to_the_compiled_forward():
     model = Model(3)
     found = decoder_layers(model)
     t = _tables(armed=3)
-    arm(found, anchors(found, [0, 1, 2]), t)
+    arm(found, anchors(found, [0, 1, 2], CPU), t)
     armed = compiled_inputs(model)
     assert armed[1].count("hotwire.steer_") == 3
     assert armed[0] == plain[0]
@@ -366,10 +367,21 @@ def test_anchors_are_distinct_even_where_layers_share_a_weight():
     model.layers[1].lin.bias = model.layers[0].lin.bias  # the last parameter of layers 0 and 1: one tensor
     model.layers[2].lin = model.layers[1].lin  # each of layer 2's parameters is another layer's anchor
     found = decoder_layers(model)
-    paths = anchors(found, [0, 1, 2])
+    paths = anchors(found, [0, 1, 2], CPU)
     assert sorted(paths) == [0, 1]
     ptrs = {i: found[i].get_parameter(".".join(p)).data_ptr() for i, p in paths.items()}
     assert len(set(ptrs.values())) == 2
+
+
+def test_a_parameter_on_another_device_is_never_an_anchor():
+    """vLLM's offloading without a device view keeps a parameter in host memory and runs the
+    forward on a fresh copy of it, at a new address each time: the anchor is one on the engine's
+    device ("meta" stands in for the host here, the CPU for the engine's device)."""
+    model = Model(1)
+    model.layers[0].lin.bias = nn.Parameter(torch.empty(H, device="meta"))  # the last parameter
+    found = decoder_layers(model)
+    assert anchors(found, [0], CPU) == {0: ("lin", "weight")}
+    assert anchors(found, [0], torch.device("meta")) == {0: ("lin", "bias")}
 
 
 def test_armed_layers_trace_to_one_graph():
@@ -378,7 +390,7 @@ def test_armed_layers_trace_to_one_graph():
     # armed layer's piece unique (and start-up grow with the layers armed).
     model = Model(3)
     found = decoder_layers(model)
-    arm(found, anchors(found, [0, 2]), _tables(armed=2))
+    arm(found, anchors(found, [0, 2], CPU), _tables(armed=2))
     codes = []
 
     def backend(gm, example_inputs):
@@ -741,7 +753,7 @@ def test_inductor_steers_the_layer_output_in_place_without_a_copy():
     model = Model(2)
     t = _tables(armed=2)
     found = decoder_layers(model)
-    arm(found, anchors(found, [0, 1]), t)
+    arm(found, anchors(found, [0, 1], CPU), t)
     t.route[1, 0, 0] = _entry(1, 0, NO_END, 2.0)
     t.tok_row[:4] = 1
 
