@@ -43,6 +43,10 @@
 #                                           # two engines of one kind differ, in one call);
 #                                           # each compared with its round's latest plugin-free
 #                                           # engine; files fc-KIND-ROUND-N.json, N its place in the round
+#   bash benchmarks/h200.sh steered OUTDIR  # what steering half the requests costs served (0.6B, 256 in
+#                                           # flight), two servers only (plugin-free, hotwire): under MPS,
+#                                           # then taking turns on the GPU (~8.5 min; session 28 saw 0.76
+#                                           # with four servers on one GPU, where the GPU was the bottleneck)
 #   bash benchmarks/h200.sh pair   OUTDIR   # two GPUs: TP=2 and PP=2 servers with runtime registration
 #                                           # (tests/test_e2e_parallel.py as deployed: bf16, graphs on)
 #   bash benchmarks/h200.sh all    OUTDIR   # the four stages one after another (0.6B, 4B, 8B; 64, 256 in
@@ -56,9 +60,9 @@
 set -u
 stage=${1:-} out=${2:-}
 case $stage in
-  checks|matrix|perf|serve|split|forward|pair|all) [ -n "$out" ] ;;
+  checks|matrix|perf|serve|steered|split|forward|pair|all) [ -n "$out" ] ;;
   *) false ;;
-esac || { echo "usage: $0 checks|matrix|perf|serve|split|forward|pair|all OUTDIR [ARGS...]" >&2; exit 2; }
+esac || { echo "usage: $0 checks|matrix|perf|serve|steered|split|forward|pair|all OUTDIR [ARGS...]" >&2; exit 2; }
 shift 2
 mkdir -p "$out/logs"
 limit=${HOTWIRE_JOB_LIMIT:-540}
@@ -139,6 +143,16 @@ serve() {  # serve [CONCURRENCY...]: host work, the profile (~3 min), served tok
   job registration python3 benchmarks/registration_load.py --shape qwen3-0.6b --concurrency 64 --budget-s 265 \
     --window-s 6 --out "$out/registration-qwen3-0.6b.json"
   wait
+}
+
+steered() {  # steered: plugin-free and hotwire (half the requests steered) alone on the GPU, with MPS and without
+  local mps
+  for mps in --mps ""; do
+    job "steered${mps:+-mps}" python3 benchmarks/serve_throughput.py --simultaneous $mps --shape qwen3-0.6b \
+      --concurrency 256 --budget-s 240 --servers plugin_free hotwire --rotate-cores 2 \
+      --out "$out/steered${mps:+-mps}-qwen3-0.6b-c256.json"
+    wait
+  done
 }
 
 split() {  # split [A|B]: one simultaneous run under MPS, hotwire beside kinds that each leave one part out
