@@ -59,15 +59,16 @@ def _stack() -> dict[str, Any]:
     16 KiB chunks: a call that does not fit in the current chunk allocates the next one, and
     frees it on return, so calls made right at a chunk's end pay that every time. Two engines
     whose frames differ move that end; the sizes say where they differ."""
-    frames = []
+    frames, slots = [], 0
     f = sys._getframe(1)
     while f is not None:
         c = f.f_code
-        frames.append(f"{c.co_name} {c.co_filename.rsplit('/', 2)[-1]}:{c.co_firstlineno} "
-                      f"{c.co_nlocals + len(c.co_cellvars) + len(c.co_freevars) + c.co_stacksize}")
+        size = c.co_nlocals + len(c.co_cellvars) + len(c.co_freevars) + c.co_stacksize
+        frames.append(f"{c.co_name} {c.co_filename.rsplit('/', 2)[-1]}:{c.co_firstlineno} {size}")
+        slots += size
         f = f.f_back
     frames.reverse()
-    return {"slots": sum(int(s.rsplit(" ", 1)[1]) for s in frames), "frames": frames}
+    return {"slots": slots, "frames": frames}
 
 
 def _thread_frames() -> dict[str, str]:
@@ -91,8 +92,9 @@ def in_forward(kernel: str | None = None, probes: dict[str, Callable[[], Any]] |
     run = JITFunction.run
 
     def probed(self, *args, **kwargs):
-        if not seen and (kernel is None or kernel_name(self) == kernel):
-            seen.update(snapshot(), kernel=kernel_name(self), stack=_stack())
+        name = None if seen else kernel_name(self)
+        if name is not None and (kernel is None or name == kernel):
+            seen.update(snapshot(), kernel=name, stack=_stack())
             seen["us_per_call"] = {k: per_call_us(fn, repeat, inner) for k, fn in (probes or {}).items()}
         return run(self, *args, **kwargs)
 
