@@ -58,6 +58,12 @@ KINDS = {
     # the graphs without the op (bench_site/op_off.py): beside hotwire, what the op costs on the
     # GPU; beside plugin-free, what steering's host work costs
     "hotwire_host_only": Kind(True, env={"PYTHONPATH": BENCH_SITE, "BENCH_OP_OFF": "all"}, gpu_steers=False),
+    # hotwire_host_only uploading nothing (bench_site/uploads.py): beside it, what the routing's uploads cost
+    "hotwire_no_uploads": Kind(True, env={"PYTHONPATH": BENCH_SITE, "BENCH_OP_OFF": "all", "BENCH_UPLOADS": "none"},
+                               gpu_steers=False),
+    # hotwire whose routing uploads are kernels reading the pinned buffers, not the copy engine's copies
+    # (bench_site/uploads.py): beside hotwire, whether a step waits for those copies
+    "hotwire_kernel_uploads": Kind(True, env={"PYTHONPATH": BENCH_SITE, "BENCH_UPLOADS": "kernel"}),
     # hotwire whose steps run without a CUDA graph launch no op (bench_site/op_off.py): beside
     # hotwire, what the op's launches from Python cost there
     "hotwire_graphs_only": Kind(True, env={"PYTHONPATH": BENCH_SITE, "BENCH_OP_OFF": "eager"}, gpu_steers=False),
