@@ -61,9 +61,9 @@ KINDS = {
     # hotwire_host_only uploading nothing (bench_site/uploads.py): beside it, what the routing's uploads cost
     "hotwire_no_uploads": Kind(True, env={"PYTHONPATH": BENCH_SITE, "BENCH_OP_OFF": "all", "BENCH_UPLOADS": "none"},
                                gpu_steers=False),
-    # hotwire whose routing uploads are kernels reading the pinned buffers, not the copy engine's copies
-    # (bench_site/uploads.py): beside hotwire, whether a step waits for those copies
-    "hotwire_kernel_uploads": Kind(True, env={"PYTHONPATH": BENCH_SITE, "BENCH_UPLOADS": "kernel"}),
+    # hotwire whose routing uploads are the copy engine's copies, as before session 29, not the upload
+    # kernel (bench_site/uploads.py): beside hotwire, what the kernel gains where the GPU is busy
+    "hotwire_copy_uploads": Kind(True, env={"PYTHONPATH": BENCH_SITE, "BENCH_UPLOADS": "copies"}),
     # hotwire whose steps run without a CUDA graph launch no op (bench_site/op_off.py): beside
     # hotwire, what the op's launches from Python cost there
     "hotwire_graphs_only": Kind(True, env={"PYTHONPATH": BENCH_SITE, "BENCH_OP_OFF": "eager"}, gpu_steers=False),

@@ -8,10 +8,10 @@ token map changed, one upload of it into ``tok_row``, through which the op reads
 entries (decode steps of a steady batch reuse it: positions, not the map, move the token
 windows), and, in a step that steers, the layers the steered requests in flight have entries on,
 for the op to skip the rest (:class:`.steer_op.StepState`; counted as requests come and go).
-Uploads go through :class:`.staging.HostRing` buffers, filled and copied in ways that keep the
-GIL (``memoryview`` copies, then CUDA's driver): one per arriving request's row, one for a changed
-token map. Nothing per step lets the GIL go, neither a torch call nor a large numpy operation
-(``.staging``).
+Uploads go through :class:`.staging.HostRing` buffers, filled by ``memoryview`` copies and read
+by the GPU itself: one upload for the rows of the requests that arrived, one for a changed token
+map. Nothing per step lets the GIL go but those uploads' launches, neither a torch call nor a large
+numpy operation (``.staging``).
 """
 
 from __future__ import annotations
@@ -42,7 +42,7 @@ class Router:
         rows, shape = self.tables.route.shape[0], self.tables.route.shape[1:]  # R+1, [A, K, 8]
         self._row_words = int(np.prod(shape))
         device = self.tables.route.device
-        self._rows_ring = HostRing(rows * self._row_words, depth, device)  # [m, A, K, 8] rows to write
+        self._rows_ring = HostRing(rows * self._row_words, depth, device, spans=rows)  # [m, A, K, 8] rows to write
         self._tok_ring = HostRing(self.tables.tok_row.shape[0], depth, device)  # [N] each token's row
         self._route_words, self._tok_words = DeviceWords(self.tables.route), DeviceWords(self.tables.tok_row)
         self.active: dict[str, Admitted] = {}  # the steered requests in flight, as the engine core admitted them
@@ -61,8 +61,8 @@ class Router:
 
     @property
     def direct(self) -> bool:
-        """Do the uploads keep the GIL (driver copies on CUDA, numpy on the CPU: no torch call on the
-        step thread)?"""
+        """Do the uploads make no torch call on the step thread (the upload kernel on CUDA, numpy on
+        the CPU)?"""
         return self._rows_ring.direct and self._tok_ring.direct
 
     @property
@@ -122,8 +122,8 @@ class Router:
 
     def commit(self) -> None:
         """Write the rows of requests admitted since the last commit (:meth:`route` does, before
-        it uploads the token map): their contents filled into one host buffer, then one copy per
-        row into the routing table."""
+        it uploads the token map): their contents filled into one host buffer, then one upload of
+        them all into their rows of the routing table."""
         if not self._staged:
             return
         m, w, shape = len(self._staged), self._row_words, self.tables.route.shape[1:]  # shape: [A, K, 8]
@@ -133,8 +133,7 @@ class Router:
         for i, entries in enumerate(self._staged.values()):
             for pos, k, words in entries:
                 route[i, pos, k] = words
-        for i, row in enumerate(self._staged):
-            self._rows_ring.copy(i * w, (i + 1) * w, self._route_words, row * w)
+        self._rows_ring.copy([(i * w, (i + 1) * w, self._route_words, row * w) for i, row in enumerate(self._staged)])
         self._staged.clear()
 
     # -- per step -----------------------------------------------------------------------------
@@ -173,5 +172,5 @@ class Router:
         buf = self._tok_ring.next()
         put(buf, 0, tok)
         clear(buf, len(tok), n)
-        self._tok_ring.copy(0, n, self._tok_words, 0)
+        self._tok_ring.copy([(0, n, self._tok_words, 0)])
         self._tok = tok

@@ -9,18 +9,19 @@ request arrives or the batch changes. So:
   blocks of torch's caching host allocator: it records the copy on the stream and does not hand
   a block out again before the copy has run, so the host returns as soon as the copy is enqueued.
 * :class:`HostRing` (every step in which the batch changes) holds pinned buffers the host fills
-  with numpy and copies from into fixed device tensors, in stream order. On CUDA the copy is the
-  driver's ``cuMemcpyAsync`` called through ``ctypes.PyDLL``, which keeps the GIL: no torch call
-  at all. Fewer torch calls is the point: each one releases the GIL, and in a served engine
-  vLLM's output thread then takes it and the step thread waits for it back (measured on the H200
-  at 256 in flight: ~70 µs a call where it costs ~7 µs alone). Slicing a tensor is such a call
+  with numpy and hands to the device in stream order. On CUDA the GPU reads them itself
+  (:mod:`.upload_triton`: one kernel per upload, through the buffers' device addresses), not a
+  copy engine, whose copies make the step wait on a busy GPU. No torch call is made for it: each
+  one releases the GIL, and in a served engine vLLM's output thread then takes it and the step
+  thread waits for it back (measured on the H200 at 256 in flight: ~70 µs a call where it costs
+  ~7 µs alone; the kernel's launch lets it go once). Slicing a tensor is such a call
   too (``aten::slice`` lets the GIL go, as ``stride(dim)`` does; ``shape``, ``stride()`` and
   ``data_ptr()`` do not), and so do numpy's larger operations: a fancy-index gather, and a copy,
   fill or reduction of more than 500 elements. So the routing uses no gather or reduction, and
   fills its buffers through :func:`put` and :func:`clear` (CPython's ``memoryview`` copies), and
   V1's token counts come from :func:`diff` (numpy in pieces of at most 500). On
   the CPU the copies are those too, into the tables' own memory; where torch copies instead (CUDA
-  without a driver to call), the spans are views made once and kept (:class:`Spans`).
+  without a driver to map the buffers), the spans are views made once and kept (:class:`Spans`).
 """
 
 from __future__ import annotations
@@ -28,6 +29,7 @@ from __future__ import annotations
 import ctypes
 import functools
 import logging
+from collections.abc import Sequence
 
 import numpy as np
 import torch
@@ -42,17 +44,22 @@ def to_device(a: np.ndarray, device: torch.device) -> torch.Tensor:
 
 
 @functools.cache
-def _driver_memcpy():
-    """The CUDA driver's ``cuMemcpyAsync(dst, src, bytes, stream)`` (unified addresses: any
-    direction), called with the GIL held; None where the driver cannot be loaded."""
+def _device_address():
+    """A function giving the device address of a pinned host address (the driver's
+    ``cuMemHostGetDevicePointer``; under unified addressing most often the same number), None
+    where the driver cannot be loaded; the function answers None for an address it cannot map."""
     try:
-        fn = ctypes.PyDLL("libcuda.so.1").cuMemcpyAsync
+        fn = ctypes.PyDLL("libcuda.so.1").cuMemHostGetDevicePointer_v2
     except (OSError, AttributeError) as e:
-        log.info("hotwire: no CUDA driver to copy routing uploads through (%s); torch copies them", e)
+        log.info("hotwire: no CUDA driver to map routing uploads through (%s); torch copies them", e)
         return None
-    fn.argtypes = (ctypes.c_uint64, ctypes.c_uint64, ctypes.c_size_t, ctypes.c_void_p)
+    fn.argtypes = (ctypes.POINTER(ctypes.c_uint64), ctypes.c_void_p, ctypes.c_uint)
     fn.restype = ctypes.c_int
-    return fn
+
+    def device(host: int) -> int | None:
+        out = ctypes.c_uint64()
+        return out.value if fn(ctypes.byref(out), host, 0) == 0 else None
+    return device
 
 
 def put(dst: np.ndarray, at: int, src: np.ndarray) -> None:
@@ -100,14 +107,10 @@ class Spans:
         return view
 
 
-def _raw_stream(device: torch.device):
-    """A function giving the device's current stream as a ``cudaStream_t`` (the one inductor's
-    generated code launches on: the forward's)."""
-    index = device.index if device.index is not None else torch.cuda.current_device()
-    raw = getattr(torch._C, "_cuda_getCurrentRawStream", None)
-    if raw is not None:
-        return functools.partial(raw, index)
-    return lambda: torch.cuda.current_stream(index).cuda_stream
+@functools.cache
+def say_unmapped() -> None:
+    log.warning("hotwire: the CUDA driver could not map the routing's pinned buffers; torch copies them "
+                "(each copy lets the GIL go)")
 
 
 class DeviceWords:
@@ -120,55 +123,74 @@ class DeviceWords:
         self.host = tensor.view(-1).numpy() if tensor.device.type == "cpu" else None
 
 
+Span = tuple[int, int, DeviceWords, int]  # (start, stop, dst, at): the buffer's words [start, stop) to dst from word at
+
+
 class HostRing:
     """``depth`` int32 host buffers of ``words`` each, used in turn: :meth:`next` hands out the
-    next one's numpy view to fill, :meth:`copy` enqueues a span of it into a device tensor.
+    next one's numpy view to fill, :meth:`copy` enqueues spans of it into device tensors.
 
-    No copy makes a torch call (``direct``) where it can: on CUDA the buffers are pinned and copied
-    by the driver's ``cuMemcpyAsync`` on the current stream, on the CPU by numpy, both holding the
-    GIL; on CUDA without a driver to call, by a torch copy.
+    On CUDA the buffers are pinned and one :mod:`.upload_triton` kernel per :meth:`copy` reads them
+    through their device addresses (at most ``spans`` spans a call), on the current stream; on the
+    CPU numpy copies them. Neither is a torch call (``direct``). Where the driver cannot map the
+    buffers, each span is a torch copy.
 
-    Reuse contract: a buffer is filled again ``depth`` calls of :meth:`next` later, so the copies
-    from it must have run by then. A caller that takes one buffer per engine step needs a depth
-    above the number of steps vLLM keeps in flight (``VllmConfig.max_concurrent_batches``: at a
-    step's start the inputs of the step two before it have been consumed; vLLM double-buffers its
-    own pinned inputs on the same ground).
+    Reuse contract: a buffer (and the kernel's description of its spans) is filled again ``depth``
+    calls of :meth:`next` later, so the copies from it must have run by then. A caller that takes
+    one buffer per engine step needs a depth above the number of steps vLLM keeps in flight
+    (``VllmConfig.max_concurrent_batches``: at a step's start the inputs of the step two before it
+    have been consumed; vLLM double-buffers its own pinned inputs on the same ground).
     """
 
-    def __init__(self, words: int, depth: int, device: torch.device):
+    def __init__(self, words: int, depth: int, device: torch.device, spans: int = 1):
         cuda = device.type == "cuda"
         self._host = [torch.zeros(words, dtype=torch.int32, pin_memory=cuda) for _ in range(depth)]
         self._np = [h.numpy() for h in self._host]
-        self._address = [h.data_ptr() for h in self._host]
         self._spans = [Spans(h) for h in self._host]
-        self._memcpy = _driver_memcpy() if cuda else None
         self._cpu = device.type == "cpu"
-        self._stream = _raw_stream(device) if cuda else None
         self._i = -1
+        self._desc: list[np.ndarray] | None = None  # per buffer [spans, 3] int64 (dst, src, words), pinned
+        if cuda:
+            self._map(depth, spans)
+
+    def _map(self, depth: int, spans: int) -> None:
+        """The device addresses of the buffers and of the kernel's span descriptions (none: torch copies)."""
+        device = _device_address()
+        desc = [torch.zeros(spans, 3, dtype=torch.int64, pin_memory=True) for _ in range(depth)]
+        mapped = None if device is None else [device(t.data_ptr()) for t in self._host + desc]
+        if mapped is None or None in mapped:
+            if device is not None:
+                say_unmapped()
+            return
+        from . import upload_triton  # Triton is only needed (and present) where CUDA is
+
+        self._kernel, self._desc_pinned = upload_triton.launch, desc  # kept: the kernel reads them by address
+        self._address, self._desc_address = mapped[:depth], mapped[depth:]
+        self._desc = [t.numpy() for t in desc]
+        self._kernel(self._desc_address[0], 1)  # its one span empty (zeros): compiled now, not at the first steered step
 
     @property
     def direct(self) -> bool:
-        """Do the copies keep the GIL (no torch call)?"""
-        return self._cpu or self._memcpy is not None
+        """Do the copies need no torch call (numpy on the CPU, the upload kernel on CUDA)?"""
+        return self._cpu or self._desc is not None
 
     def next(self) -> np.ndarray:
         """The next buffer, to fill on the host (its previous contents stay until overwritten)."""
         self._i = (self._i + 1) % len(self._host)
         return self._np[self._i]
 
-    def copy(self, start: int, stop: int, dst: DeviceWords, at: int) -> None:
-        """Words ``[start, stop)`` of the current buffer into ``dst``'s words from ``at``, enqueued
-        on the current stream (the host does not wait)."""
-        if dst.host is not None:
-            put(dst.host, at, self._np[self._i][start:stop])
+    def copy(self, spans: Sequence[Span]) -> None:
+        """``spans`` of the current buffer into their device tensors, enqueued on the current
+        stream (the host does not wait)."""
+        if self._desc is not None:
+            desc, src = self._desc[self._i], self._address[self._i]
+            for j, (start, stop, dst, at) in enumerate(spans):
+                desc[j] = (dst.address + 4 * at, src + 4 * start, stop - start)
+            self._kernel(self._desc_address[self._i], len(spans))
             return
-        if self._memcpy is not None:
-            rc = self._memcpy(dst.address + 4 * at, self._address[self._i] + 4 * start, 4 * (stop - start),
-                              self._stream())
-            if rc == 0:
-                return
-            log.warning("hotwire: cuMemcpyAsync failed (CUresult %d); routing uploads are torch copies from now on",
-                        rc)
-            self._memcpy = None
-        with torch.inference_mode():
-            dst.spans.get(at, at + stop - start).copy_(self._spans[self._i].get(start, stop), non_blocking=True)
+        for start, stop, dst, at in spans:
+            if dst.host is not None:
+                put(dst.host, at, self._np[self._i][start:stop])
+                continue
+            with torch.inference_mode():
+                dst.spans.get(at, at + stop - start).copy_(self._spans[self._i].get(start, stop), non_blocking=True)

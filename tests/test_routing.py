@@ -210,9 +210,9 @@ def test_ranks_of_a_pipeline_write_the_entries_of_their_own_layers(tmp_path):
 
 @pytest.mark.gpu
 def test_on_cuda_routing_makes_no_torch_call_and_its_uploads_land(tmp_path):
-    """On CUDA the rows and the token map are driver copies that keep the GIL (staging.HostRing):
-    a step with arrivals and a changed batch makes no torch call, and the tables say what the
-    host wrote once the stream has run them."""
+    """On CUDA the rows and the token map are read from the pinned buffers by the upload kernel
+    (staging.HostRing): a step with arrivals and a changed batch makes no torch call, and the
+    tables say what the host wrote once the stream has run them."""
     rig = Rig(tmp_path, "cuda")
     router, tables = rig.router, rig.tables
     assert router.direct
@@ -229,19 +229,45 @@ def test_on_cuda_routing_makes_no_torch_call_and_its_uploads_land(tmp_path):
 
 
 @pytest.mark.gpu
-def test_a_driver_copy_that_fails_is_done_by_torch_from_then_on(tmp_path, caplog):
-    """A driver that refuses a copy (here one answering CUDA_ERROR_INVALID_VALUE) loses no upload:
-    that copy and every later one go through torch, said once."""
+def test_the_upload_kernel_moves_each_span_as_its_reference_does():
+    """Spans shorter and longer than a program's block, one empty, into two device tensors, as
+    upload_triton.reference moves them in one flat array standing for the address space."""
+    from hotwire.engine_plugin import upload_triton
+    from hotwire.engine_plugin.staging import DeviceWords, HostRing
+
+    words = 3 * upload_triton.BLOCK
+    ring = HostRing(words, depth=2, device=torch.device("cuda"), spans=4)
+    a, b = torch.zeros(words, dtype=torch.int32, device="cuda"), torch.full((64,), -1, dtype=torch.int32, device="cuda")
+    buf = ring.next()
+    buf[:] = np.arange(1, words + 1, dtype=np.int32)
+    da, db = DeviceWords(a), DeviceWords(b)
+    spans = [(5, 5 + 2500, da, 7), (0, 3, db, 60), (9, 9, db, 0), (words - 10, words, da, 0)]
+    ring.copy(spans)
+    memory = np.concatenate([buf, np.zeros(words, np.int32), np.full(64, -1, np.int32)])  # host words, a, b
+    base = {da: words, db: 2 * words}
+    desc = np.array([(base[dst] + at, start, stop - start) for start, stop, dst, at in spans])
+    upload_triton.reference(memory, desc)
+    torch.cuda.synchronize()
+    assert a.tolist() == memory[words: 2 * words].tolist() and b.tolist() == memory[2 * words:].tolist()
+
+
+@pytest.mark.gpu
+def test_buffers_the_driver_cannot_map_are_copied_by_torch(tmp_path, monkeypatch, caplog):
+    """A driver that maps no pinned buffer loses no upload: every one goes through torch, said once."""
+    from hotwire.engine_plugin import staging
+
+    monkeypatch.setattr(staging, "_device_address", lambda: lambda host: None)
+    staging.say_unmapped.cache_clear()
     rig = Rig(tmp_path, "cuda")
     router, tables = rig.router, rig.tables
-    router._tok_ring._memcpy = lambda *args: 1
     rig.control.write(0, "v", ANY_LAYER, np.ones(H, np.float32), gen=1)
-    rig.step(new=[("a", _spec({"id": "v", "layer": 1}), 3)])
+    rig.step(new=[("a", _spec({"id": "v", "layer": 1, "scale": 2.0}), 3)])
     router.route(["a", "u"], np.array([3, 1]))
     router.route(["u", "a"], np.array([1, 1]))
     torch.cuda.synchronize()
-    assert tables.tok_row[:4].tolist() == [0, router.active["a"].row, 0, 0]
-    assert not router.direct and caplog.text.count("cuMemcpyAsync failed") == 1
+    a = router.active["a"].row
+    assert tables.tok_row[:4].tolist() == [0, a, 0, 0] and tables.route[a, 0, 0, 4].view(torch.float32).item() == 2.0
+    assert not router.direct and caplog.text.count("could not map the routing's pinned buffers") == 1
 
 
 @pytest.mark.gpu

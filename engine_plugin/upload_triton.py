@@ -1,0 +1,49 @@
+"""The Triton kernel behind :class:`.staging.HostRing`'s uploads on CUDA: words read from pinned
+host memory by the GPU's own threads and stored into device tensors.
+
+Why a kernel, not a copy. A copy (``cuMemcpyAsync``, or torch's ``copy_``) from pinned memory
+runs on a copy engine, in stream order: the step's next kernel starts only once the kernels before
+it have drained and the copy has landed. Where the GPU is shared and busy (servers under MPS, every
+SM taken), that wait grew the step: at 256 in flight on one H100 the steered server waited
+0.9-5 ms a step longer for its output than plugin-free, with the same forward time, and neither
+uploading nothing nor uploading through this kernel did (``docs/performance.md``, "Session 29").
+vLLM's own runner reads its staged inputs the same way (unified addressing: a pinned buffer's
+device address), never through a copy engine.
+
+One program per segment. The segments are described in pinned memory too, three int64 words each
+``(dst address, src address, words)``, so the kernel has one argument and compiles once::
+
+    for (dst, src, n) in segments:  dst[0:n] = src[0:n]     (int32 words)
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import triton
+import triton.language as tl
+
+BLOCK = 1024  # words a program moves per iteration
+
+
+@triton.jit(do_not_specialize=["desc"])
+def _gather(desc, BLOCK: tl.constexpr):
+    seg = desc.to(tl.pointer_type(tl.int64)) + 3 * tl.program_id(0)  # this program's (dst, src, n)
+    dst = tl.load(seg).to(tl.pointer_type(tl.int32))
+    src = tl.load(seg + 1).to(tl.pointer_type(tl.int32))
+    n = tl.load(seg + 2)
+    for start in range(0, n, BLOCK):
+        i = start + tl.arange(0, BLOCK)                          # [BLOCK]
+        tl.store(dst + i, tl.load(src + i, mask=i < n), mask=i < n)
+
+
+def launch(desc: int, segments: int) -> None:
+    """Enqueue the copies of ``segments`` descriptors at device address ``desc`` on the current
+    stream."""
+    _gather[(segments,)](desc, BLOCK=BLOCK)
+
+
+def reference(memory: np.ndarray, desc: np.ndarray) -> None:
+    """The contract on one flat int32 array standing for the address space: descriptors
+    ``[m, 3]`` of word offsets into ``memory``."""
+    for dst, src, n in desc.tolist():
+        memory[dst: dst + n] = memory[src: src + n]
