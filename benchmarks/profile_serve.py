@@ -72,10 +72,10 @@ from simultaneous import CLIENTS_PER_CORE, LoadSet, default_processes
 # then filed by that frame's module, and ``op_launch`` holds the op's samples inside Triton.
 HOTWIRE_FILES = re.compile(r"(engine_plugin|hotwire/shared|/shared)/(\w+)\.py")
 HOTWIRE_PARTS = {"steer_op": "op", "steer_triton": "op", "routing": "routing", "staging": "routing",
-                 "steering": "routing", "gate_report": "rank_hooks", "registry": "admission", "admission": "admission",
-                 "stream_bound": "admission", "interventions": "admission", "spec": "admission",
-                 "engine": "rank_hooks", "hooks": "rank_hooks", "core_sync": "core_sync", "delta": "core_sync",
-                 "salts": "salts", "mailbox": "salts"}
+                 "upload_triton": "routing", "steering": "routing", "gate_report": "rank_hooks",
+                 "registry": "admission", "admission": "admission", "stream_bound": "admission",
+                 "interventions": "admission", "spec": "admission", "engine": "rank_hooks", "hooks": "rank_hooks",
+                 "core_sync": "core_sync", "delta": "core_sync", "salts": "salts", "mailbox": "salts"}
 WRAPPERS = ("_wrap.<locals>.wrapper ", "_doubled.<locals>.wrapper ", "_before_core_step.<locals>.scheduled ")
 # vLLM's own samples, by a frame anywhere in the stack (a sample may count in several)
 VLLM_GROUPS = {

@@ -30,6 +30,7 @@ import os
 import shutil
 import signal
 import socket
+import statistics
 import subprocess
 import sys
 import time
@@ -375,6 +376,20 @@ def start_run(smoke: bool, timed_configs: bool = False) -> str | None:
     if not smoke and gpu is None:
         raise SystemExit("no NVIDIA GPU (nvidia-smi): use --smoke to check the script on CPU")
     return gpu
+
+
+def host_speed_us() -> float:
+    """µs this host takes for a fixed piece of pure Python on one core (the median of 7 runs).
+
+    Why: the same GPU kind comes on hosts of different speeds, and the host decides the regime a
+    served run finds: at 256 in flight four servers on one H100 were host-bound on a slower host
+    and waited for the GPU on a faster one, and steering's cost differed with it (session 29).
+    Recorded before the servers start, so their load does not enter it."""
+    def once() -> float:
+        t = time.perf_counter()
+        sum(i * i for i in range(100_000))
+        return time.perf_counter() - t
+    return round(1e6 * statistics.median(once() for _ in range(7)), 1)
 
 
 def gpu_name() -> str | None:

@@ -167,7 +167,7 @@ class HostRing:
         self._kernel, self._desc_pinned = upload_triton.launch, desc  # kept: the kernel reads them by address
         self._address, self._desc_address = mapped[:depth], mapped[depth:]
         self._desc = [t.numpy() for t in desc]
-        self._kernel(self._desc_address[0], 1)  # its one span empty (zeros): compiled now, not at the first steered step
+        self._kernel(self._desc_address[0], 1)  # one empty span (zeros): compiled now, not at the first steered step
 
     @property
     def direct(self) -> bool:

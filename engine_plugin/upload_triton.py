@@ -4,9 +4,10 @@ host memory by the GPU's own threads and stored into device tensors.
 Why a kernel, not a copy. A copy (``cuMemcpyAsync``, or torch's ``copy_``) from pinned memory
 runs on a copy engine, in stream order: the step's next kernel starts only once the kernels before
 it have drained and the copy has landed. Where the GPU is shared and busy (servers under MPS, every
-SM taken), that wait grew the step: at 256 in flight on one H100 the steered server waited
-0.9-5 ms a step longer for its output than plugin-free, with the same forward time, and neither
-uploading nothing nor uploading through this kernel did (``docs/performance.md``, "Session 29").
+SM taken), that wait grew the step: at 256 in flight on one H100 a server uploading by copies
+waited 0.9 ms a step longer for its output than plugin-free (5 ms in a run on a faster host), with
+the same forward time, and neither one uploading nothing nor one uploading through a kernel did
+(``docs/performance.md``, "Session 29").
 vLLM's own runner reads its staged inputs the same way (unified addressing: a pinned buffer's
 device address), never through a copy engine.
 

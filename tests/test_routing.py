@@ -111,7 +111,7 @@ class _DeviceCalls(TorchDispatchMode):
 def test_routing_makes_no_torch_call(rig):
     """Each torch call on the step thread releases the GIL, which in a served engine costs a wait
     for vLLM's output thread (staging.HostRing): a step with arrivals, a changed batch and a
-    steady one make none (on the CPU the uploads are numpy copies; on CUDA driver copies, the GPU
+    steady one make none (on the CPU the uploads are numpy copies; on CUDA the upload kernel, the GPU
     test)."""
     router = rig.router
     rig.control.write(0, "v", ANY_LAYER, np.ones(H, np.float32), gen=1)
