@@ -15,6 +15,9 @@ One program per segment. The segments are described in pinned memory too, three 
 ``(dst address, src address, words)``, so the kernel has one argument and compiles once::
 
     for (dst, src, n) in segments:  dst[0:n] = src[0:n]     (int32 words)
+
+The programs run in any order, so no two segments' destinations may overlap (the routing's never
+do: distinct request rows, one token map).
 """
 
 from __future__ import annotations

@@ -229,29 +229,6 @@ def test_on_cuda_routing_makes_no_torch_call_and_its_uploads_land(tmp_path):
 
 
 @pytest.mark.gpu
-def test_the_upload_kernel_moves_each_span_as_its_reference_does():
-    """Spans shorter and longer than a program's block, one empty, into two device tensors, as
-    upload_triton.reference moves them in one flat array standing for the address space."""
-    from hotwire.engine_plugin import upload_triton
-    from hotwire.engine_plugin.staging import DeviceWords, HostRing
-
-    words = 3 * upload_triton.BLOCK
-    ring = HostRing(words, depth=2, device=torch.device("cuda"), spans=4)
-    a, b = torch.zeros(words, dtype=torch.int32, device="cuda"), torch.full((64,), -1, dtype=torch.int32, device="cuda")
-    buf = ring.next()
-    buf[:] = np.arange(1, words + 1, dtype=np.int32)
-    da, db = DeviceWords(a), DeviceWords(b)
-    spans = [(5, 5 + 2500, da, 7), (0, 3, db, 60), (9, 9, db, 0), (words - 10, words, da, 0)]
-    ring.copy(spans)
-    memory = np.concatenate([buf, np.zeros(words, np.int32), np.full(64, -1, np.int32)])  # host words, a, b
-    base = {da: words, db: 2 * words}
-    desc = np.array([(base[dst] + at, start, stop - start) for start, stop, dst, at in spans])
-    upload_triton.reference(memory, desc)
-    torch.cuda.synchronize()
-    assert a.tolist() == memory[words: 2 * words].tolist() and b.tolist() == memory[2 * words:].tolist()
-
-
-@pytest.mark.gpu
 def test_buffers_the_driver_cannot_map_are_copied_by_torch(tmp_path, monkeypatch, caplog):
     """A driver that maps no pinned buffer loses no upload: every one goes through torch, said once."""
     from hotwire.engine_plugin import staging

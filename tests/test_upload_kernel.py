@@ -1,0 +1,68 @@
+"""The upload kernel (engine_plugin/upload_triton.py) against its reference: spans shorter and
+longer than a program's block, one empty, into two destinations. On the CPU in Triton's
+interpreter (one flat array standing for the address space), on the GPU from a pinned ring buffer
+into device tensors (the routing's GPU tests check the uploads end to end)."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+# (src start, src stop, destination, word in it): destinations never overlap (programs run in any order)
+def _spans(words: int) -> list[tuple[int, int, str, int]]:
+    return [(5, 5 + 2500, "a", 7), (0, 3, "b", 60), (9, 9, "b", 0), (words - 10, words, "a", 3000)]
+
+
+_INTERPRETED = """
+import sys
+sys.path.insert(0, {tests!r})
+import numpy as np
+from hotwire.engine_plugin import upload_triton
+from test_upload_kernel import _spans
+
+words = 3 * upload_triton.BLOCK
+memory = np.concatenate([np.arange(1, words + 1, dtype=np.int32), np.zeros(words, np.int32),
+                         np.full(64, -1, np.int32)])                      # host words, a, b
+at = {{"a": words, "b": 2 * words}}
+offsets = np.array([(at[d] + to, start, stop - start) for start, stop, d, to in _spans(words)], dtype=np.int64)
+want = memory.copy()
+upload_triton.reference(want, offsets)
+base = memory.ctypes.data
+desc = np.array([(base + 4 * dst, base + 4 * src, n) for dst, src, n in offsets.tolist()], dtype=np.int64)
+upload_triton.launch(desc.ctypes.data, len(desc))
+assert (memory == want).all() and (want[words:] != 0).sum() > 2500
+print("upload ok")
+"""
+
+
+def test_the_upload_kernel_moves_each_span_as_its_reference_does_in_the_interpreter():
+    pytest.importorskip("triton")
+    run = subprocess.run([sys.executable, "-c", _INTERPRETED.format(tests=str(Path(__file__).parent))],
+                         env={**__import__("os").environ, "TRITON_INTERPRET": "1"}, capture_output=True, text=True,
+                         timeout=600)
+    assert run.returncode == 0 and "upload ok" in run.stdout, run.stderr[-3000:]
+
+
+@pytest.mark.gpu
+def test_the_upload_kernel_moves_each_span_as_its_reference_does_on_the_gpu():
+    from hotwire.engine_plugin import upload_triton
+    from hotwire.engine_plugin.staging import DeviceWords, HostRing
+
+    words = 3 * upload_triton.BLOCK
+    ring = HostRing(words, depth=2, device=torch.device("cuda"), spans=4)
+    a, b = torch.zeros(words, dtype=torch.int32, device="cuda"), torch.full((64,), -1, dtype=torch.int32, device="cuda")
+    buf = ring.next()
+    buf[:] = np.arange(1, words + 1, dtype=np.int32)
+    dst = {"a": DeviceWords(a), "b": DeviceWords(b)}
+    ring.copy([(start, stop, dst[d], to) for start, stop, d, to in _spans(words)])
+    memory = np.concatenate([buf, np.zeros(words, np.int32), np.full(64, -1, np.int32)])  # host words, a, b
+    at = {"a": words, "b": 2 * words}
+    upload_triton.reference(memory, np.array([(at[d] + to, start, stop - start)
+                                              for start, stop, d, to in _spans(words)]))
+    torch.cuda.synchronize()
+    assert a.tolist() == memory[words: 2 * words].tolist() and b.tolist() == memory[2 * words:].tolist()
