@@ -30,8 +30,9 @@ elif how == "copies":
         if self._desc is None:
             return _copy(self, spans)
         stream = torch._C._cuda_getCurrentRawStream(torch.cuda.current_device())
+        src = self._host[self._i].data_ptr()
         for start, stop, dst, at in spans:
-            rc = _memcpy(dst.address + 4 * at, self._address[self._i] + 4 * start, 4 * (stop - start), stream)
+            rc = _memcpy(dst.address + 4 * at, src + 4 * start, 4 * (stop - start), stream)
             assert rc == 0, f"cuMemcpyAsync: CUresult {rc}"
 
     staging.HostRing.copy = copy
