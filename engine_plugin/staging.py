@@ -156,11 +156,12 @@ class HostRing:
     def _map(self, depth: int, spans: int) -> None:
         """The device addresses of the buffers and of the kernel's span descriptions (none: torch copies)."""
         device = _device_address()
+        if device is None:
+            return
         desc = [torch.zeros(spans, 3, dtype=torch.int64, pin_memory=True) for _ in range(depth)]
-        mapped = None if device is None else [device(t.data_ptr()) for t in self._host + desc]
-        if mapped is None or None in mapped:
-            if device is not None:
-                say_unmapped()
+        mapped = [device(t.data_ptr()) for t in self._host + desc]
+        if None in mapped:
+            say_unmapped()
             return
         from . import upload_triton  # Triton is only needed (and present) where CUDA is
 
