@@ -9,7 +9,7 @@ available, else CPU), outside vLLM so nothing else is in the numbers:
 * ``admit_seen_spec`` the same for a spec text seen before (parsed once, then cached)
 * ``commit``       per step with arrivals: one batched write of the staged rows
 * ``route_steady`` per decode step of an unchanged batch (the common case: no copy at all)
-* ``route_churn``  per step when the batch changed (one request swapped): rebuild + one H2D copy
+* ``route_churn``  per step when the batch changed (one request swapped): rebuild + one upload
 * ``idle``         per step with no steered request in flight
 * ``op_*``         one call of the op on an armed layer in a step run without a CUDA graph (more
                    tokens than the largest capture size: inductor's code calls it once per armed

@@ -9,9 +9,9 @@ entries (decode steps of a steady batch reuse it: positions, not the map, move t
 windows), and, in a step that steers, the layers the steered requests in flight have entries on,
 for the op to skip the rest (:class:`.steer_op.StepState`; counted as requests come and go).
 Uploads go through :class:`.staging.HostRing` buffers, filled by ``memoryview`` copies and read
-by the GPU itself: one upload for the rows of the requests that arrived, one for a changed token
-map. Nothing per step lets the GIL go but those uploads' launches, neither a torch call nor a large
-numpy operation (``.staging``).
+by the GPU itself: at most one upload a step, the rows of the requests that arrived and a changed
+token map together. Nothing per step lets the GIL go but that upload's launch, neither a torch
+call nor a large numpy operation (``.staging``).
 """
 
 from __future__ import annotations
@@ -26,7 +26,7 @@ import torch
 from .admission import Admitted, Term
 from .gate_report import GateReport
 from .interventions import PROBE
-from .staging import DeviceWords, HostRing, clear, put
+from .staging import DeviceWords, HostRing, Span, clear, put
 from .steering import ArmedModel
 
 log = logging.getLogger("vllm.hotwire")
@@ -42,8 +42,9 @@ class Router:
         rows, shape = self.tables.route.shape[0], self.tables.route.shape[1:]  # R+1, [A, K, 8]
         self._row_words = int(np.prod(shape))
         device = self.tables.route.device
-        self._rows_ring = HostRing(rows * self._row_words, depth, device, spans=rows)  # [m, A, K, 8] rows to write
-        self._tok_ring = HostRing(self.tables.tok_row.shape[0], depth, device)  # [N] each token's row
+        # each buffer: [m, A, K, 8] rows to write, then from word _tok_at [N] each token's row
+        self._tok_at = rows * self._row_words
+        self._ring = HostRing(self._tok_at + self.tables.tok_row.shape[0], depth, device, spans=rows + 1)
         self._route_words, self._tok_words = DeviceWords(self.tables.route), DeviceWords(self.tables.tok_row)
         self.active: dict[str, Admitted] = {}  # the steered requests in flight, as the engine core admitted them
         self._ids: list[str] = []  # the last step's batch, to skip unchanged decode steps
@@ -63,7 +64,7 @@ class Router:
     def direct(self) -> bool:
         """Do the uploads make no torch call on the step thread (the upload kernel on CUDA, numpy on
         the CPU)?"""
-        return self._rows_ring.direct and self._tok_ring.direct
+        return self._ring.direct
 
     @property
     def steering(self) -> bool:
@@ -121,20 +122,23 @@ class Router:
             self.report.finish(req_id, admitted.row, admitted.gates)
 
     def commit(self) -> None:
-        """Write the rows of requests admitted since the last commit (:meth:`route` does, before
-        it uploads the token map): their contents filled into one host buffer, then one upload of
-        them all into their rows of the routing table."""
-        if not self._staged:
-            return
+        """Write the rows of requests admitted since the last commit now (:meth:`route` writes
+        them with the step's token map)."""
+        if self._staged:
+            self._ring.copy(self._stage_rows(self._ring.next()))
+
+    def _stage_rows(self, buf: np.ndarray) -> list[Span]:
+        """The staged rows' contents into ``buf`` and the spans that write them into their rows
+        of the routing table; the stage starts anew."""
         m, w, shape = len(self._staged), self._row_words, self.tables.route.shape[1:]  # shape: [A, K, 8]
-        buf = self._rows_ring.next()
         clear(buf, 0, m * w)
         route = buf[: m * w].reshape(m, *shape)
         for i, entries in enumerate(self._staged.values()):
             for pos, k, words in entries:
                 route[i, pos, k] = words
-        self._rows_ring.copy([(i * w, (i + 1) * w, self._route_words, row * w) for i, row in enumerate(self._staged)])
+        spans = [(i * w, (i + 1) * w, self._route_words, row * w) for i, row in enumerate(self._staged)]
         self._staged.clear()
+        return spans
 
     # -- per step -----------------------------------------------------------------------------
     def route(self, req_ids: Sequence[str], num_tokens: np.ndarray) -> None:
@@ -148,8 +152,8 @@ class Router:
         same = not self._dirty and req_ids == self._ids
         if same and counts == self._counts:
             return
-        if self._staged:
-            self.commit()
+        buf = self._ring.next() if self._staged else None
+        spans = self._stage_rows(buf) if buf is not None else []
         self._counts, self._dirty = counts, False
         if not same:
             self._ids = list(req_ids)
@@ -166,11 +170,12 @@ class Router:
         else:
             tok = self._tok[:0]
             self.tables.step.route_layers(())
-        if tok.shape == self._tok.shape and tok.tobytes() == self._tok.tobytes():  # ==: a ufunc, may let the GIL go
-            return
-        n = max(len(tok), len(self._tok))  # the last step's tokens past this one's get the null row
-        buf = self._tok_ring.next()
-        put(buf, 0, tok)
-        clear(buf, len(tok), n)
-        self._tok_ring.copy([(0, n, self._tok_words, 0)])
-        self._tok = tok
+        if tok.shape != self._tok.shape or tok.tobytes() != self._tok.tobytes():  # ==: a ufunc, may let the GIL go
+            n, at = max(len(tok), len(self._tok)), self._tok_at  # the last step's tokens past this one's: null row
+            buf = self._ring.next() if buf is None else buf
+            put(buf, at, tok)
+            clear(buf, at + len(tok), at + n)
+            spans.append((at, at + n, self._tok_words, 0))
+            self._tok = tok
+        if spans:
+            self._ring.copy(spans)

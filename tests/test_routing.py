@@ -41,6 +41,27 @@ def test_route_maps_tokens_to_rows_and_clears_what_it_no_longer_uses(rig):
     assert tables.tok_row.abs().sum() == 0
 
 
+def test_a_step_uploads_its_arrivals_and_its_token_map_at_once(rig, monkeypatch):
+    """On CUDA each upload is a kernel launch (staging.HostRing), which lets the GIL go: a step
+    with arrivals and a changed token map uploads both in one, and an unchanged step nothing."""
+    tables, router = rig.tables, rig.router
+    uploads = []
+    copy = router._ring.copy
+    monkeypatch.setattr(router._ring, "copy", lambda spans: (uploads.append(len(spans)), copy(spans)))
+    rig.control.write(0, "v", ANY_LAYER, np.ones(H, np.float32), gen=1)
+    rig.step(new=[("a", _spec({"id": "v", "layer": 1, "scale": 2.0}), 3), ("b", _spec({"id": "v", "layer": 3}), 2)])
+    router.route(["a", "u", "b"], np.array([3, 1, 2]))
+    assert uploads == [3]  # two rows and the token map
+    router.route(["a", "u", "b"], np.array([3, 1, 2]))
+    assert uploads == [3]
+    rig.step(new=[("c", _spec({"id": "v", "layer": 1}), 1)])
+    router.route(["a", "u", "b"], np.array([1, 1, 1]))  # c not scheduled yet: its row, the changed map
+    router.route(["a", "u", "b", "c"], np.array([1, 1, 1, 1]))  # c in: the map only
+    assert uploads == [3, 2, 1]
+    a, b, c = (router.active[r].row for r in "abc")
+    assert tables.tok_row[:5].tolist() == [a, 0, b, c, 0] and tables.route[a, 0, 0, 4].view(torch.float32).item() == 2.0
+
+
 def test_route_names_the_layers_the_steered_requests_in_flight_have_entries_on(rig):
     """What the op skips the other layers by, in steps run without a CUDA graph (ARMED = (1, 3)):
     counted as steered requests come and go, not gathered per step (a gather over the batch lets
