@@ -170,7 +170,7 @@ class Router:
         else:
             tok = self._tok[:0]
             self.tables.step.route_layers(())
-        if tok.shape != self._tok.shape or tok.tobytes() != self._tok.tobytes():  # ==: a ufunc, may let the GIL go
+        if tok.shape != self._tok.shape or tok.tobytes() != self._tok.tobytes():  # bytes: numpy's != may let the GIL go
             n, at = max(len(tok), len(self._tok)), self._tok_at  # the last step's tokens past this one's: null row
             buf = self._ring.next() if buf is None else buf
             put(buf, at, tok)
