@@ -75,8 +75,8 @@ job() {  # job NAME CMD...: run in the background with the time limit, log + exi
 export PYTHONUNBUFFERED=1
 
 checks() {
-  job op python3 -m pytest -m gpu tests/test_steering_op.py tests/test_routing.py tests/test_upload_kernel.py --basetemp /tmp/pt-op \
-    -p no:cacheprovider -rA
+  job op python3 -m pytest -m gpu tests/test_steering_op.py tests/test_routing.py tests/test_upload_kernel.py \
+    --basetemp /tmp/pt-op -p no:cacheprovider -rA
   job gpu-v2 python3 -m pytest -m gpu tests/test_gpu.py -k v2 --basetemp /tmp/pt-gpu-v2 -p no:cacheprovider -rA
   job gpu-v1 python3 -m pytest -m gpu tests/test_gpu.py -k v1 --basetemp /tmp/pt-gpu-v1 -p no:cacheprovider -rA
   # batch-invariant kernels: the e2e tests compare a request in flight with the same request alone
