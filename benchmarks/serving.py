@@ -30,7 +30,6 @@ import os
 import shutil
 import signal
 import socket
-import statistics
 import subprocess
 import sys
 import time
@@ -42,6 +41,7 @@ import httpx
 import numpy as np
 
 from hotwire.engine_plugin.counters import STEP_TIME  # hotwire's step-time counters (an older engine lacks some)
+from host_state import per_call_us
 
 SERVED = "bench"  # the served model name
 N_VECTORS = 256  # startup vectors v0..v255 the steered requests name
@@ -385,11 +385,7 @@ def host_speed_us() -> float:
     served run finds: at 256 in flight four servers on one H100 were host-bound on a slower host
     and waited for the GPU on a faster one, and steering's cost differed with it (session 29).
     Recorded before the servers start, so their load does not enter it."""
-    def once() -> float:
-        t = time.perf_counter()
-        sum(i * i for i in range(100_000))
-        return time.perf_counter() - t
-    return round(1e6 * statistics.median(once() for _ in range(7)), 1)
+    return round(per_call_us(lambda: sum(i * i for i in range(100_000)), repeat=7, inner=1), 1)
 
 
 def gpu_name() -> str | None:
