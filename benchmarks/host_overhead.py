@@ -11,6 +11,9 @@ available, else CPU), outside vLLM so nothing else is in the numbers:
 * ``route_steady`` per decode step of an unchanged batch (the common case: no copy at all)
 * ``route_churn``  per step when the batch changed (one request swapped): rebuild + one upload
 * ``idle``         per step with no steered request in flight
+* ``upload_launch`` (CUDA) one launch of the routing's upload kernel as the routing makes it (by the
+                   driver, ``engine_plugin/driver_launch.py``), moving nothing;
+                   ``upload_launch_by_triton`` the same launch by Triton's own launcher
 * ``op_*``         one call of the op on an armed layer in a step run without a CUDA graph (more
                    tokens than the largest capture size: inductor's code calls it once per armed
                    layer): ``op_idle_step`` in a step nobody steers, ``op_layer_not_live`` in a
@@ -131,6 +134,15 @@ def main() -> None:
     admission.finish(ids)
     router.route(ids, ones)
     timings["idle"] = _timed(lambda: router.route(ids, ones), args.repeat)
+
+    if device.type == "cuda":
+        from hotwire.engine_plugin import staging, upload_triton
+
+        desc = torch.zeros(1, 3, dtype=torch.int64, pin_memory=True)  # one span of no words
+        at = staging._device_address()(desc.data_ptr())
+        launch = upload_triton.launcher(at, torch.cuda.current_device())
+        timings["upload_launch"] = _timed(lambda: launch(at, 1), args.repeat)
+        timings["upload_launch_by_triton"] = _timed(lambda: upload_triton.launch(at, 1), args.repeat)
 
     x = torch.zeros(512, HIDDEN, dtype=torch.bfloat16, device=device)  # a step's layer output
     positions = torch.arange(512, device=device)

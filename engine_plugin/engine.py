@@ -93,8 +93,9 @@ class Steerer:
                      "the layers you steer", steps)
         counters = process_counters()
         router = Router(armed_model, GateReport(tables.gate_counts, counters), depth=_steps_in_flight(vllm_config) + 1)
-        if router.tables.route.is_cuda and not router.direct:
-            log.info("hotwire: routing uploads are torch copies here (each lets the GIL go), not the upload kernel")
+        if router.tables.route.is_cuda:
+            log.info("hotwire: routing uploads: %s%s", router.uploads,
+                     "" if router.direct else " (each lets the GIL go), not the upload kernel")
         return cls(router, tables, counters)
 
     # -- per step -------------------------------------------------------------------------------

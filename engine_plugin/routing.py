@@ -67,6 +67,11 @@ class Router:
         return self._ring.direct
 
     @property
+    def uploads(self) -> str:
+        """How the uploads reach the device (:attr:`.staging.HostRing.how`)."""
+        return self._ring.how
+
+    @property
     def steering(self) -> bool:
         """Does the last routed step send any token to a request row (else nothing is steered)?"""
         return len(self._tok) > 0

@@ -131,8 +131,9 @@ class HostRing:
     next one's numpy view to fill, :meth:`copy` enqueues spans of it into device tensors.
 
     On CUDA the buffers are pinned and one :mod:`.upload_triton` kernel per :meth:`copy` reads them
-    through their device addresses (at most ``spans`` spans a call), on the current stream; on the
-    CPU numpy copies them. Neither is a torch call (``direct``). Where the driver cannot map the
+    through their device addresses (at most ``spans`` spans a call), on the current stream, launched
+    by the driver where it can be (:attr:`how`); on the CPU numpy copies them. Neither is a torch
+    call (``direct``). Where the driver cannot map the
     buffers, each span is a torch copy.
 
     Reuse contract: a buffer (and the kernel's description of its spans) is filled again ``depth``
@@ -151,9 +152,9 @@ class HostRing:
         self._i = -1
         self._desc: list[np.ndarray] | None = None  # per buffer [spans, 3] int64 (dst, src, words), pinned
         if cuda:
-            self._map(depth, spans)
+            self._map(depth, spans, device)
 
-    def _map(self, depth: int, spans: int) -> None:
+    def _map(self, depth: int, spans: int, on: torch.device) -> None:
         """The device addresses of the buffers and of the kernel's span descriptions (none: torch copies)."""
         device = _device_address()
         if device is None:
@@ -165,15 +166,28 @@ class HostRing:
             return
         from . import upload_triton  # Triton is only needed (and present) where CUDA is
 
-        self._kernel, self._desc_pinned = upload_triton.launch, desc  # kept: the kernel reads them by address
+        self._desc_pinned = desc  # kept: the kernel reads them by address
         self._address, self._desc_address = mapped[:depth], mapped[depth:]
         self._desc = [t.numpy() for t in desc]
-        self._kernel(self._desc_address[0], 1)  # one empty span (zeros): compiled now, not at the first steered step
+        # compiled now (one empty span: zeros), not at the first steered step
+        index = on.index if on.index is not None else torch.cuda.current_device()
+        self._kernel = upload_triton.launcher(self._desc_address[0], index)
+        self._by_driver = self._kernel is not upload_triton.launch
 
     @property
     def direct(self) -> bool:
         """Do the copies need no torch call (numpy on the CPU, the upload kernel on CUDA)?"""
         return self._cpu or self._desc is not None
+
+    @property
+    def how(self) -> str:
+        """How :meth:`copy` moves the words: ``numpy`` (CPU), ``torch copies``, or the upload kernel
+        launched by the driver (:mod:`.driver_launch`) or by Triton."""
+        if self._cpu:
+            return "numpy"
+        if self._desc is None:
+            return "torch copies"
+        return f"the upload kernel, launched by {'the driver' if self._by_driver else 'Triton'}"
 
     def next(self) -> np.ndarray:
         """The next buffer, to fill on the host (its previous contents stay until overwritten)."""

@@ -18,13 +18,20 @@ One program per segment. The segments are described in pinned memory too, three 
 
 The programs run in any order, so no two segments' destinations may overlap (the routing's never
 do: distinct request rows, one token map).
+
+Once compiled, the kernel is launched by the driver itself (:mod:`.driver_launch`: a few
+microseconds, the GIL kept), where it can be; else by Triton.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import numpy as np
 import triton
 import triton.language as tl
+
+from . import driver_launch
 
 BLOCK = 1024  # words a program moves per iteration
 
@@ -44,6 +51,20 @@ def launch(desc: int, segments: int) -> None:
     """Enqueue the copies of ``segments`` descriptors at device address ``desc`` on the current
     stream."""
     _gather[(segments,)](desc, BLOCK=BLOCK)
+
+
+def launcher(desc: int, device: int) -> Callable[[int, int], None]:
+    """Compile the kernel for CUDA device ``device`` (the current one) by one launch of the
+    descriptors at ``desc`` (one segment), and return how to launch it from then on, as
+    :func:`launch` is called."""
+    fast = driver_launch.launcher(_gather[(1,)](desc, BLOCK=BLOCK), 1, device)
+    if fast is None:
+        return launch
+
+    def launch_by_driver(desc: int, segments: int) -> None:
+        fast(segments, desc)
+
+    return launch_by_driver
 
 
 def reference(memory: np.ndarray, desc: np.ndarray) -> None:

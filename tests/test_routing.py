@@ -236,7 +236,7 @@ def test_on_cuda_routing_makes_no_torch_call_and_its_uploads_land(tmp_path):
     tables say what the host wrote once the stream has run them."""
     rig = Rig(tmp_path, "cuda")
     router, tables = rig.router, rig.tables
-    assert router.direct
+    assert router.direct and router.uploads == "the upload kernel, launched by the driver"
     rig.control.write(0, "v", ANY_LAYER, np.ones(H, np.float32), gen=1)
     rig.step(new=[("a", _spec({"id": "v", "layer": 1, "scale": 2.0}), 3), ("b", _spec({"id": "v", "layer": 3}), 2)])
     with _DeviceCalls() as mode:

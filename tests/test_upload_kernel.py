@@ -1,7 +1,7 @@
 """The upload kernel (engine_plugin/upload_triton.py) against its reference: spans shorter and
 longer than a program's block, one empty, into two destinations. On the CPU in Triton's
 interpreter (one flat array standing for the address space), on the GPU from a pinned ring buffer
-into device tensors (the routing's GPU tests check the uploads end to end)."""
+into device tensors, launched either way (the routing's GPU tests check the uploads end to end)."""
 
 from __future__ import annotations
 
@@ -49,12 +49,17 @@ def test_the_upload_kernel_moves_each_span_as_its_reference_does_in_the_interpre
 
 
 @pytest.mark.gpu
-def test_the_upload_kernel_moves_each_span_as_its_reference_does_on_the_gpu():
-    from hotwire.engine_plugin import upload_triton
+@pytest.mark.parametrize("by", ["the driver", "Triton"])
+def test_the_upload_kernel_moves_each_span_as_its_reference_does_on_the_gpu(by, monkeypatch):
+    """Launched by the driver (engine_plugin/driver_launch.py), and by Triton where that cannot be."""
+    from hotwire.engine_plugin import driver_launch, upload_triton
     from hotwire.engine_plugin.staging import DeviceWords, HostRing
 
+    if by == "Triton":
+        monkeypatch.setattr(driver_launch, "_driver", lambda: None)
     words = 3 * upload_triton.BLOCK
     ring = HostRing(words, depth=2, device=torch.device("cuda"), spans=4)
+    assert ring.how == f"the upload kernel, launched by {by}"
     a, b = torch.zeros(words, dtype=torch.int32, device="cuda"), torch.full((64,), -1, dtype=torch.int32, device="cuda")
     buf = ring.next()
     buf[:] = np.arange(1, words + 1, dtype=np.int32)

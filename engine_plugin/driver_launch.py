@@ -1,0 +1,110 @@
+"""A kernel Triton compiled, launched again by the CUDA driver itself: ``cuLaunchKernel`` through
+``ctypes.PyDLL``, which keeps the GIL.
+
+Why. Triton's own launch (``kernel[grid](...)``) binds and specialises the arguments in Python,
+looks the compiled kernel up, asks torch for the device and the stream, and lets the GIL go around
+the driver's call: tens of microseconds of the step thread's time per launch on an H100 host
+(``benchmarks/host_overhead.py``: ``upload_launch_by_triton`` against ``upload_launch``), and in
+a served engine vLLM's output thread may take the GIL in between, so the step thread then waits
+for it back. A kernel whose arguments are a few 8-byte words the caller already holds (the upload
+kernel's one address, :mod:`.upload_triton`) needs none of that once it is compiled.
+
+Contract: :func:`launcher` takes what Triton's launch returned (its compiled kernel) and gives
+``launch(grid, *words)``, which enqueues the kernel on the current stream of the device it was
+compiled for with ``grid`` programs and ``words`` as its first arguments; or None where it cannot
+say so exactly, and the caller keeps Triton's launch: the kernel needs scratch memory, a cluster,
+a cooperative or programmatic launch, a parameter that is not an 8-byte word, or the driver lacks
+``cuFuncGetParamInfo`` (CUDA 12.4). The parameters past ``words`` are the scratch pointers Triton
+adds to every kernel, passed null as Triton passes them when the kernel needs no scratch.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import functools
+import logging
+from collections.abc import Callable
+from typing import Any
+
+import torch
+
+log = logging.getLogger("vllm.hotwire")
+
+WORD = 8  # bytes of each parameter this launches (int64 values, device addresses)
+
+
+@functools.cache
+def _driver() -> ctypes.PyDLL | None:
+    """The CUDA driver, its functions called with the GIL held; None where it cannot be loaded or
+    lacks a function used here."""
+    try:
+        cuda = ctypes.PyDLL("libcuda.so.1")
+        launch, info = cuda.cuLaunchKernel, cuda.cuFuncGetParamInfo
+    except (OSError, AttributeError) as e:
+        log.info("hotwire: Triton launches the upload kernel (the CUDA driver: %s)", e)
+        return None
+    u32, ptr = ctypes.c_uint, ctypes.c_void_p
+    launch.argtypes = (ptr, u32, u32, u32, u32, u32, u32, u32, ptr, ptr, ptr)
+    info.argtypes = (ptr, ctypes.c_size_t, ctypes.POINTER(ctypes.c_size_t), ctypes.POINTER(ctypes.c_size_t))
+    return cuda
+
+
+def _params(function: int, cuda: ctypes.PyDLL) -> list[int]:
+    """The size in bytes of each of the kernel's parameters, as the driver reads them."""
+    sizes, offset, size = [], ctypes.c_size_t(), ctypes.c_size_t()
+    while cuda.cuFuncGetParamInfo(function, len(sizes), ctypes.byref(offset), ctypes.byref(size)) == 0:
+        sizes.append(size.value)
+    return sizes
+
+
+def _unsupported(meta: Any) -> str | None:
+    """Why the compiled kernel's metadata asks for more than a plain launch, or None."""
+    for name, plain in (("num_ctas", 1), ("global_scratch_size", 0), ("profile_scratch_size", 0),
+                        ("launch_cooperative_grid", False), ("launch_pdl", False)):
+        if getattr(meta, name, plain) != plain:
+            return f"{name}={getattr(meta, name)}"
+    if tuple(getattr(meta, "cluster_dims", (1, 1, 1)) or (1, 1, 1)) not in ((1, 1, 1), (1,), ()):
+        return f"cluster_dims={meta.cluster_dims}"
+    return None
+
+
+class DriverLaunch:
+    """``launch(grid, *words)``: ``grid`` programs of the compiled kernel, ``words`` its first
+    parameters, on the current stream; one ``cuLaunchKernel``, no Python beyond this call."""
+
+    def __init__(self, cuda: ctypes.PyDLL, function: int, threads: int, shared: int, params: int, device: int):
+        self._launch, self._function, self._threads, self._shared = cuda.cuLaunchKernel, function, threads, shared
+        self._device, self._stream = device, torch._C._cuda_getCurrentRawStream
+        self._words = (ctypes.c_uint64 * params)()  # each parameter's value; the scratch pointers stay 0
+        self._pointers = (ctypes.c_void_p * params)(*(ctypes.addressof(self._words) + WORD * i for i in range(params)))
+        self._at = ctypes.addressof(self._pointers)
+        self._name = cuda.cuGetErrorName
+
+    def __call__(self, grid: int, *words: int) -> None:
+        for i, w in enumerate(words):
+            self._words[i] = w
+        rc = self._launch(self._function, grid, 1, 1, self._threads, 1, 1, self._shared,
+                          self._stream(self._device), self._at, None)
+        if rc != 0:
+            name = ctypes.c_char_p()
+            self._name(rc, ctypes.byref(name))
+            raise RuntimeError(f"hotwire: cuLaunchKernel failed: {name.value.decode() if name.value else rc}")
+
+
+def launcher(compiled: Any, words: int, device: int) -> Callable[..., None] | None:
+    """How to launch ``compiled`` (what Triton's launch on CUDA device ``device`` returned) again
+    with ``words`` leading 8-byte arguments: a :class:`DriverLaunch`, or None (Triton's launch
+    stays; said in the log at info: it is slower, not wrong)."""
+    cuda = _driver()
+    function, meta = getattr(compiled, "function", None), getattr(compiled, "metadata", None)
+    if cuda is None or not function or meta is None:  # no driver, or Triton's interpreter
+        return None
+    why = _unsupported(meta)
+    sizes = _params(function, cuda) if why is None else []
+    if why is None and (len(sizes) < words or any(s != WORD for s in sizes)):
+        why = f"parameters of {sizes} bytes"
+    if why is not None:
+        log.info("hotwire: Triton launches %s (%s)", getattr(compiled, "name", "a kernel"), why)
+        return None
+    threads = int(meta.num_warps) * int(getattr(meta, "warp_size", 32))
+    return DriverLaunch(cuda, function, threads, int(meta.shared), len(sizes), device)
