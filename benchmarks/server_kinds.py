@@ -28,10 +28,12 @@ class Kind(NamedTuple):
     env: dict[str, str] | None = None
     steers: bool = True  # its load carries the run's specs (False: the same requests, none steered)
     refused: bool = False  # its load's specs name vectors it does not hold: parsed, salted, refused
+    foreign: bool = False  # its load's specs travel under an extra_args key hotwire never reads
     gpu_steers: bool = True  # the op runs on the GPU wherever hotwire runs it (False: bench_site/op_off.py)
 
 
 STEERED = "<steered layers>"  # the layers the benchmark's requests steer, known once the model is built
+FOREIGN_KEY = "hotwire_bench_unread"  # an extra_args key no plugin reads
 OWN_DIR = "<own folder>"  # a folder of the server's own in the run's work folder
 BENCH_SITE = str(step_phases.BENCH_SITE)  # a sitecustomize: the op off the GPU somewhere, step phases
 
@@ -54,6 +56,10 @@ KINDS = {
     # engine core's input thread and refused at admission (counted, logged), then runs unsteered;
     # beside hotwire_unsteered and hotwire, what a spec's arrival costs apart from routing and the op
     "hotwire_refused": Kind(True, refused=True),
+    # hotwire sent the same spec texts under another extra_args key (FOREIGN_KEY): each request
+    # carries the same dict through vLLM, which hotwire neither parses, salts nor admits; beside
+    # hotwire_unsteered and hotwire_refused, what the dict costs apart from hotwire's own work on it
+    "hotwire_foreign_spec": Kind(True, foreign=True),
     # hotwire steering on the host as deployed (admission, routing, uploads) while every step replays
     # the graphs without the op (bench_site/op_off.py): beside hotwire, what the op costs on the
     # GPU; beside plugin-free, what steering's host work costs
@@ -87,10 +93,13 @@ KINDS = {
 
 def load_of(name: str, make: dict) -> dict:
     """The load-generator arguments (``serving.bodies``) for server ``name``: the run's, without specs
-    for a kind that does not steer, naming unknown vectors for one that refuses them."""
+    for a kind that does not steer, naming unknown vectors for one that refuses them, under a key
+    hotwire does not read for a foreign one."""
     kind = KINDS[name]
     if not kind.steers:
         return {**make, "fraction": 0.0}
+    if kind.foreign:
+        return {**make, "spec_key": FOREIGN_KEY}
     return {**make, "unknown_ids": True} if kind.refused else make
 
 

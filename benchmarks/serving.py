@@ -41,6 +41,7 @@ import httpx
 import numpy as np
 
 from hotwire.engine_plugin.counters import STEP_TIME  # hotwire's step-time counters (an older engine lacks some)
+from hotwire.shared.spec import SPEC_KEY
 from host_state import per_call_us
 
 SERVED = "bench"  # the served model name
@@ -468,12 +469,13 @@ def pool_entries(pool: int, layers: tuple[int, int]) -> set[tuple[str, int, floa
 
 def bodies(seed: int, client: int, clients: int, vocab: int, layers: tuple[int, int], fraction: float,
            prompt_len: int, max_tokens: tuple[int, int], stagger: int = 0, pool: int | None = None,
-           unknown_ids: bool = False):
+           unknown_ids: bool = False, spec_key: str = SPEC_KEY):
     """Endless completion bodies of one load-generator process: random token-id prompts, ``max_tokens``
     uniform in the given range, every ``1/fraction``-th one steered by its own two-entry spec
     (:func:`steer_spec`; with ``pool``, drawn from its first ``pool`` specs instead, a fixed set a
     server with a fixed slot budget can hold; with ``unknown_ids``, the same specs naming vectors
-    no server holds). The same arguments give the same sequence, so every server of a round is sent
+    no server holds; under ``spec_key`` in ``vllm_xargs``, which hotwire reads only when it is
+    :data:`SPEC_KEY`). The same arguments give the same sequence, so every server of a round is sent
     the same requests, in the same order.
 
     The first ``stagger`` bodies (one per slot of a closed loop) are the rest of a request already
@@ -492,8 +494,13 @@ def bodies(seed: int, client: int, clients: int, vocab: int, layers: tuple[int, 
                 "max_tokens": n, "temperature": 0.0, "ignore_eos": True}
         if math.floor((k + 1) * fraction) > math.floor(k * fraction):
             spec = steer_spec(g if pool is None else g % pool, layers, UNKNOWN_PREFIX if unknown_ids else "v")
-            body["vllm_xargs"] = {"hotwire": json.dumps(spec)}
+            body["vllm_xargs"] = {spec_key: json.dumps(spec)}
         yield body
+
+
+def steers(body: dict) -> bool:
+    """Does ``body`` carry a spec hotwire reads?"""
+    return SPEC_KEY in body.get("vllm_xargs", {})
 
 
 async def _closed_loop(url: str, concurrency: int, make: dict, deadline: float) -> dict:
@@ -517,7 +524,7 @@ async def _closed_loop(url: str, concurrency: int, make: dict, deadline: float) 
     async def slot(client: httpx.AsyncClient) -> None:
         while True:
             body = next(feed)
-            steered = "vllm_xargs" in body
+            steered = steers(body)
             n["started"] += 1
             n["steered_started"] += steered
             t = time.perf_counter()
@@ -586,7 +593,7 @@ async def _probes(url: str, start_at: float, duration: float, rate: float, make:
         if ttft is None or usage is None or usage["completion_tokens"] != body["max_tokens"]:
             raise RuntimeError(f"{url}: probe streamed no first token or not {body['max_tokens']} tokens: {usage}")
         return {"at": round(at, 3), "lag_s": lag, "ttft_s": ttft, "latency_s": time.perf_counter() - t,
-                "steered": "vllm_xargs" in body}
+                "steered": steers(body)}
 
     async with httpx.AsyncClient(base_url=url, timeout=120, limits=httpx.Limits(max_connections=None)) as client:
         tasks = []
