@@ -56,6 +56,10 @@ KINDS = {
     # engine core's input thread and refused at admission (counted, logged), then runs unsteered;
     # beside hotwire_unsteered and hotwire, what a spec's arrival costs apart from routing and the op
     "hotwire_refused": Kind(True, refused=True),
+    # hotwire_refused without hotwire's API-server middleware (bench_site/frontend_off.py): beside
+    # hotwire_refused, what the middleware's parse and admission decision per request cost
+    "hotwire_refused_no_frontend": Kind(True, env={"PYTHONPATH": BENCH_SITE, "BENCH_FRONTEND": "off"},
+                                        refused=True),
     # hotwire sent the same spec texts under another extra_args key (FOREIGN_KEY): each request
     # carries the same dict through vLLM, which hotwire neither parses, salts nor admits; beside
     # hotwire_unsteered and hotwire_refused, what the dict costs apart from hotwire's own work on it
