@@ -34,11 +34,18 @@ WORD = 8  # bytes of each parameter this launches (int64 values, device addresse
 
 
 @functools.cache
+def libcuda() -> ctypes.PyDLL:
+    """The CUDA driver, its functions called with the GIL held (one handle for every hotwire call
+    into it); OSError where it cannot be loaded."""
+    return ctypes.PyDLL("libcuda.so.1")
+
+
+@functools.cache
 def _driver() -> ctypes.PyDLL | None:
-    """The CUDA driver, its functions called with the GIL held; None where it cannot be loaded or
-    lacks a function used here."""
+    """The CUDA driver with the functions a launch uses set up; None where it cannot be loaded or
+    lacks one of them."""
     try:
-        cuda = ctypes.PyDLL("libcuda.so.1")
+        cuda = libcuda()
         launch, info = cuda.cuLaunchKernel, cuda.cuFuncGetParamInfo
     except (OSError, AttributeError) as e:
         log.info("hotwire: Triton launches the upload kernel (the CUDA driver: %s)", e)

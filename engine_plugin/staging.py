@@ -34,6 +34,8 @@ from collections.abc import Sequence
 import numpy as np
 import torch
 
+from .driver_launch import libcuda
+
 log = logging.getLogger("vllm.hotwire")
 
 
@@ -49,7 +51,7 @@ def _device_address():
     ``cuMemHostGetDevicePointer``; under unified addressing most often the same number), None
     where the driver cannot be loaded; the function answers None for an address it cannot map."""
     try:
-        fn = ctypes.PyDLL("libcuda.so.1").cuMemHostGetDevicePointer_v2
+        fn = libcuda().cuMemHostGetDevicePointer_v2
     except (OSError, AttributeError) as e:
         log.info("hotwire: no CUDA driver to map routing uploads through (%s); torch copies them", e)
         return None

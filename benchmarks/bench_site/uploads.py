@@ -15,14 +15,14 @@ import os
 
 import torch
 
-from hotwire.engine_plugin import staging
+from hotwire.engine_plugin import driver_launch, staging
 
 how = os.environ.get("BENCH_UPLOADS")
 
 if how == "none":
     staging.HostRing.copy = lambda self, spans: None
 elif how == "copies":
-    _memcpy = ctypes.PyDLL("libcuda.so.1").cuMemcpyAsync
+    _memcpy = driver_launch.libcuda().cuMemcpyAsync
     _memcpy.argtypes = (ctypes.c_uint64, ctypes.c_uint64, ctypes.c_size_t, ctypes.c_void_p)
     _copy = staging.HostRing.copy
 
