@@ -11,7 +11,7 @@ import os
 import numpy as np
 
 from hotwire.engine_plugin.frontend.engine_view import EngineView
-from hotwire.shared.mailbox import ANY_LAYER, ControlMailbox, EngineMailbox, Fingerprint
+from hotwire.shared.mailbox import ANY_LAYER, ControlMailbox, EngineMailbox, Fingerprint, rank_mailboxes
 
 FP = Fingerprint("tiny", 4, 8, "float32")
 ROW = np.linspace(-1, 1, 8, dtype=np.float32)
@@ -62,6 +62,32 @@ def test_every_data_parallel_rank_must_steer(tmp_path):
     control = ControlMailbox.attach(f"{path}.dp1")
     control.write(1, "w", ANY_LAYER, ROW, gen=1)  # the header moves: rank 1 is read again
     assert reason(view, id="v") == "applied"
+
+
+def test_the_ranks_folder_is_listed_again_only_when_it_changed(tmp_path, monkeypatch):
+    """A steered request must not list the mailbox's folder (50 µs of the API server's CPU each,
+    beside the engine core): listed once while the folder stays, again once a rank is added."""
+    from hotwire.engine_plugin.frontend import engine_view
+
+    listed = []
+    monkeypatch.setattr(engine_view, "rank_mailboxes", lambda base: listed.append(base) or rank_mailboxes(base))
+    path = tmp_path / "engine.mbx"
+    engine(path).publish_startup(0, "v", ANY_LAYER, ROW)
+    settle(tmp_path)
+    view = EngineView(str(path))
+    assert [reason(view, id="v") for _ in range(5)] == ["applied"] * 5
+    assert len(listed) == 1
+    engine(f"{path}.dp1")  # a second data-parallel rank, without the vector
+    assert reason(view, id="v") == "unknown_id" and len(listed) == 2
+    settle(tmp_path)
+    assert reason(view, id="v") == "unknown_id" and len(listed) == 3  # a changed stamp: listed again
+    assert reason(view, id="v") == "unknown_id" and len(listed) == 3
+
+
+def settle(folder) -> None:
+    """Date the folder's last change back past what the view takes as a settled folder."""
+    old = os.stat(folder).st_mtime_ns - 10**10
+    os.utime(folder, ns=(old, old))
 
 
 def test_an_engine_restart_starts_the_mirror_anew_and_nothing_is_written(tmp_path):
