@@ -25,7 +25,11 @@ from .registry import Registry
 from .stream_bound import Change, StreamBudget, change
 
 
-RESOLVED_KEPT = 4096  # resolutions kept (Admission._resolve_seen); all dropped when full
+# Resolutions kept (Admission._resolve_seen); all dropped when full. Each is a few objects Python's
+# collector walks in every full collection of the engine core (``Term`` is a tuple subclass, which
+# the collector never untracks): 4,096 of them were 20,000 objects, more than the rest of what the
+# core's frozen start-up heap leaves to collect. Clients and presets repeat far fewer specs.
+RESOLVED_KEPT = 256
 
 
 def prompt_length(request: Any) -> int:

@@ -1,6 +1,7 @@
 """Admission on the engine core (engine_plugin.admission): a spec resolved to a request row and its
 slots, and every refusal counted once, by reason (tests/engine_rig.py: one core, its ranks)."""
 
+import gc
 import json
 
 import numpy as np
@@ -106,6 +107,27 @@ def test_refusals_are_each_counted_but_logged_once_per_reason_per_period(caplog,
                      "hotwire: request m0 runs unsteered (malformed): not JSON",
                      "hotwire: request r50 runs unsteered (unknown_id): no vector 'x' for layer 1 "
                      "(49 more since the last such line, counted in unsteered_unknown_id)"]
+
+
+def test_kept_resolutions_leave_few_objects_for_the_collector():
+    """A new spec with every request: the resolutions kept for specs seen again are bounded in
+    number, and so are the objects every full collection of the engine core walks for them."""
+    registry = Registry(256)
+    for slot in range(256):
+        registry.bind(slot, f"v{slot}", ANY_LAYER, 1, 1.0, 4.0)
+    admission = Admission(registry, armed=range(28), entries=4, requests=8,
+                          budget=StreamBudget.of(torch.bfloat16), counters=None)
+    gc.collect()
+    before = len(gc.get_objects())
+    for i in range(3000):
+        spec = _spec({"id": f"v{i % 256}", "layer": 9, "scale": 0.5 + i / 64},
+                     {"id": f"v{(i + 7) % 256}", "layer": 18, "scale": -0.25 - i / 64})
+        assert admission.admit(f"r{i}", spec, 128).slots
+        admission.finish((f"r{i}",))
+    gc.collect()
+    kept = len(gc.get_objects()) - before
+    # the spec cache's share (below 2,500, tests/test_spec.py) plus about 5 objects a resolution
+    assert kept < 4000, f"{kept} objects kept"
 
 
 def test_a_spec_seen_before_resolves_against_the_bindings_of_now():

@@ -12,6 +12,7 @@ from hotwire.shared.spec import (
     MAX_SPEC_CHARS,
     NO_END,
     SPEC_CACHE_BYTES,
+    SPEC_CACHE_TEXTS,
     SpecError,
     cache_salt,
     canonical_json,
@@ -212,6 +213,20 @@ def test_the_spec_cache_counts_what_many_entries_hold():
     finally:
         tracemalloc.stop()
     assert retained < SPEC_CACHE_BYTES * 1.15, f"{retained / 2**20:.2f} MiB retained"
+
+
+def test_the_spec_cache_keeps_few_objects_for_the_collector():
+    """A new spec with every request (distinct vectors and scales): what the cache keeps is bounded
+    by its text count, not only its bytes; each kept spec is objects every full collection walks."""
+    gc.collect()
+    before = len(gc.get_objects())
+    for i in range(3000):
+        parse_spec(json.dumps([{"id": f"v{i % 256}", "layer": 9, "scale": 0.5 + i / 64},
+                               {"id": f"v{(i + 7) % 256}", "layer": 18, "scale": -0.25 - i / 64}]))
+    gc.collect()
+    kept = len(gc.get_objects()) - before
+    # about 7 objects a kept two-entry spec: 1,800 for 256 texts (11,000 when 4 MiB alone bounded it)
+    assert kept < 2500, f"{kept} objects kept for at most {SPEC_CACHE_TEXTS} texts"
 
 
 def test_texts_spelling_the_same_spec_share_one_parsed_copy():
