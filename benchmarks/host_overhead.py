@@ -19,7 +19,8 @@ available, else CPU), outside vLLM so nothing else is in the numbers:
                    layer): ``op_idle_step`` in a step nobody steers, ``op_layer_not_live`` in a
                    steered step on a layer no request has an entry on (both return before any
                    launch: the dispatch alone), ``op_layer_live`` on a steered layer (the kernel's
-                   launch too; 512 tokens)
+                   launch too, by the driver on CUDA: ``engine_plugin/steer_triton.py``; 512
+                   tokens); ``op_layer_live_by_triton`` (CUDA) the same by Triton's own launcher
 
 Each is reported twice (medians): ``host_us``, until the call returns, which is what holds up the
 engine's scheduling thread (device work is queued asynchronously), and ``with_device_us``, until
@@ -161,6 +162,13 @@ def main() -> None:
         tables.step.route_layers([0])
         op_call()  # compiles the kernel on CUDA
         timings["op_layer_live"] = _timed(op_call, args.repeat)
+        if device.type == "cuda":
+            from hotwire.engine_plugin import steer_triton
+
+            by_driver = dict(steer_triton._LAUNCHES)
+            steer_triton._LAUNCHES.update(dict.fromkeys(by_driver))  # None: Triton launches each
+            timings["op_layer_live_by_triton"] = _timed(op_call, args.repeat)
+            steer_triton._LAUNCHES.update(by_driver)
 
     result = {
         "device": torch.cuda.get_device_name(0) if device.type == "cuda" else platform.processor() or "cpu",

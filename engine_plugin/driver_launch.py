@@ -6,16 +6,24 @@ looks the compiled kernel up, asks torch for the device and the stream, and lets
 the driver's call: 15.5 µs of the step thread's time per launch on an H100 host against 9.2 µs
 this way (``benchmarks/host_overhead.py``: ``upload_launch_by_triton``, ``upload_launch``), and
 in a served engine vLLM's output thread may take the GIL in between, so the step thread then
-waits for it back. A kernel whose arguments are a few 8-byte words the caller already holds (the upload
-kernel's one address, :mod:`.upload_triton`) needs none of that once it is compiled.
+waits for it back. A kernel whose arguments are a few words the caller already holds (the upload
+kernel's one address, :mod:`.upload_triton`; the steering kernel's addresses and one stride,
+:mod:`.steer_triton`, launched on every steered layer of a step run without a CUDA graph) needs
+none of that once it is compiled.
 
-Contract: :func:`launcher` takes what Triton's launch returned (its compiled kernel) and gives
-``launch(grid, *words)``, which enqueues the kernel on the current stream of the device it was
-compiled for with ``grid`` programs and ``words`` as its first arguments; or None where it cannot
-say so exactly, and the caller keeps Triton's launch: the kernel needs scratch memory, a cluster,
-a cooperative or programmatic launch, a parameter that is not an 8-byte word, or the driver lacks
-``cuFuncGetParamInfo`` (CUDA 12.4). The parameters past ``words`` are the scratch pointers Triton
-adds to every kernel, passed null as Triton passes them when the kernel needs no scratch.
+Contract: :func:`launcher` takes what Triton's launch returned (its compiled kernel) and the size
+of each of its leading parameters (``WORD``: an int64 value or a device address; ``HALF``: an
+int32 value), and gives ``launch(grid, *words)``, which enqueues the kernel on the current stream
+of the device it was compiled for with ``grid`` programs and ``words`` (non-negative integers) as
+those parameters; or None where it cannot say so exactly, and the caller keeps Triton's launch:
+the kernel needs scratch memory, a cluster, a cooperative or programmatic launch, its parameters
+are not the sizes given (Triton specialised one away, or widened it), the host is not
+little-endian, or the driver lacks ``cuFuncGetParamInfo`` (CUDA 12.4). The parameters past
+``words`` are the scratch pointers Triton adds to every kernel, passed null as Triton passes them
+when the kernel needs no scratch. The caller owns the rest of what Triton's launch would check:
+a compiled kernel is one specialisation of its arguments (dtypes, constexprs, which integers and
+addresses are multiples of 16), so it is launched again only with arguments of that same
+specialisation (:func:`.steer_triton.launch`).
 """
 
 from __future__ import annotations
@@ -23,6 +31,7 @@ from __future__ import annotations
 import ctypes
 import functools
 import logging
+import sys
 from collections.abc import Callable
 from typing import Any
 
@@ -30,7 +39,8 @@ import torch
 
 log = logging.getLogger("vllm.hotwire")
 
-WORD = 8  # bytes of each parameter this launches (int64 values, device addresses)
+WORD = 8  # bytes of an int64 value or a device address
+HALF = 4  # bytes of an int32 value
 
 
 @functools.cache
@@ -82,14 +92,15 @@ class DriverLaunch:
     def __init__(self, cuda: ctypes.PyDLL, function: int, threads: int, shared: int, params: int, device: int):
         self._launch, self._function, self._threads, self._shared = cuda.cuLaunchKernel, function, threads, shared
         self._device, self._stream = device, torch._C._cuda_getCurrentRawStream
-        self._words = (ctypes.c_uint64 * params)()  # each parameter's value; the scratch pointers stay 0
+        # each parameter's value in an 8-byte slot; the driver reads a HALF parameter's first four
+        # bytes, its low half on a little-endian host. The scratch pointers stay 0.
+        self._words = (ctypes.c_uint64 * params)()
         self._pointers = (ctypes.c_void_p * params)(*(ctypes.addressof(self._words) + WORD * i for i in range(params)))
         self._at = ctypes.addressof(self._pointers)
         self._name = cuda.cuGetErrorName
 
     def __call__(self, grid: int, *words: int) -> None:
-        for i, w in enumerate(words):
-            self._words[i] = w
+        self._words[:len(words)] = words
         rc = self._launch(self._function, grid, 1, 1, self._threads, 1, 1, self._shared,
                           self._stream(self._device), self._at, None)
         if rc != 0:
@@ -98,18 +109,21 @@ class DriverLaunch:
             raise RuntimeError(f"hotwire: cuLaunchKernel failed: {name.value.decode() if name.value else rc}")
 
 
-def launcher(compiled: Any, words: int, device: int) -> Callable[..., None] | None:
+def launcher(compiled: Any, words: tuple[int, ...], device: int) -> Callable[..., None] | None:
     """How to launch ``compiled`` (what Triton's launch on CUDA device ``device`` returned) again
-    with ``words`` leading 8-byte arguments: a :class:`DriverLaunch`, or None (Triton's launch
-    stays; said in the log at info: it is slower, not wrong)."""
+    with leading parameters of ``words`` bytes each (``WORD`` or ``HALF``): a
+    :class:`DriverLaunch`, or None (Triton's launch stays; said in the log at info: it is slower,
+    not wrong)."""
     cuda = _driver()
     function, meta = getattr(compiled, "function", None), getattr(compiled, "metadata", None)
     if cuda is None or not function or meta is None:  # no driver, or Triton's interpreter
         return None
     why = _unsupported(meta)
     sizes = _params(function, cuda) if why is None else []
-    if why is None and (len(sizes) < words or any(s != WORD for s in sizes)):
-        why = f"parameters of {sizes} bytes"
+    if why is None and (tuple(sizes[:len(words)]) != tuple(words) or any(s != WORD for s in sizes[len(words):])):
+        why = f"parameters of {sizes} bytes, not {list(words)} and scratch pointers"
+    if why is None and sys.byteorder != "little" and HALF in words:
+        why = "a big-endian host"
     if why is not None:
         log.info("hotwire: Triton launches %s (%s)", getattr(compiled, "name", "a kernel"), why)
         return None

@@ -22,6 +22,7 @@ import torch
 import triton
 import triton.language as tl
 
+from . import driver_launch
 from . import interventions as iv
 
 # the route-table layout, as constants the kernel may read
@@ -118,9 +119,25 @@ def _constants(dtype: torch.dtype, h: int, k: int, has_res: bool, gates: int | N
                 BIG=torch.finfo(torch.float32).max, num_warps=4)
 
 
+# the kernel's parameters as the driver reads them: five addresses, the route's row stride (int32,
+# in range: a small multiple of WORDS), four addresses
+_SIZES = (driver_launch.WORD,) * 5 + (driver_launch.HALF,) + (driver_launch.WORD,) * 4
+_UNTRIED = object()
+_LAUNCHES: dict[tuple, object] = {}  # specialisation -> a DriverLaunch, None (Triton's stays) or _UNTRIED
+
+
 def launch(x: torch.Tensor, residual: torch.Tensor | None, positions: torch.Tensor, bank: torch.Tensor,
            route: torch.Tensor, tok_row: torch.Tensor, scratch=None) -> None:
-    """Steer ``x`` in place."""
+    """Steer ``x`` in place: by Triton the first time a specialisation is met, by the CUDA driver
+    from then on where it can be (:mod:`.driver_launch`).
+
+    Why the driver. In a step run without a CUDA graph this is called on every steered layer, and
+    Triton's launch costs the step thread several times the driver's call. A specialisation is
+    what Triton compiles one kernel for: the constexprs (dtypes, ``H``, ``K``, residual or not,
+    gates), the route's row stride (an integer specialised on being a multiple of 16) and which
+    addresses are 16-byte aligned. The driver launches only calls whose addresses all are (those
+    of vLLM's activations, hotwire's tables and views of them always are), with the kernel Triton
+    compiled for such a call; a call with an unaligned address goes to Triton."""
     # x, residual: [T, H]; positions: [T]; bank: [S+1, H]; route: [R+1, K, 8] int32, a strided view;
     # tok_row: [N>=T] int32; scratch: a .steer_op.GateScratch, or None (no gate opens)
     n, h = x.shape
@@ -138,6 +155,20 @@ def launch(x: torch.Tensor, residual: torch.Tensor | None, positions: torch.Tens
         route = route.contiguous()
         strides = route.stride()
     gates, counts, decided = scratch if scratch is not None else (route,) * 3  # unread without gates
-    _steer[(n,)](x, x if residual is None else residual, positions, bank, route, strides[0], tok_row, gates,
-                 counts, decided, **_constants(x.dtype, h, route.shape[1], residual is not None,
-                                               None if scratch is None else gates.shape[-1]))
+    res = x if residual is None else residual
+    words = (x.data_ptr(), res.data_ptr(), positions.data_ptr(), bank.data_ptr(), route.data_ptr(), strides[0],
+             tok_row.data_ptr(), gates.data_ptr(), counts.data_ptr(), decided.data_ptr())
+    aligned = not (words[0] | words[1] | words[2] | words[3] | words[4] | words[6] | words[7] | words[8]
+                   | words[9]) & 15
+    key = (x.dtype, res.dtype, positions.dtype, bank.dtype, route.dtype, tok_row.dtype, gates.dtype, h,
+           route.shape[1], strides[0], residual is not None, None if scratch is None else gates.shape[-1],
+           x.device.index)
+    fast = _LAUNCHES.get(key, _UNTRIED) if aligned else None
+    if fast is not None and fast is not _UNTRIED:
+        fast(n, *words)
+        return
+    compiled = _steer[(n,)](x, res, positions, bank, route, strides[0], tok_row, gates, counts, decided,
+                            **_constants(x.dtype, h, route.shape[1], residual is not None,
+                                         None if scratch is None else gates.shape[-1]))
+    if fast is _UNTRIED:
+        _LAUNCHES[key] = driver_launch.launcher(compiled, _SIZES, x.device.index)

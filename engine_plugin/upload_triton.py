@@ -57,7 +57,7 @@ def launcher(desc: int, device: int) -> Callable[[int, int], None]:
     """Compile the kernel for CUDA device ``device`` (the current one) by one launch of the
     descriptors at ``desc`` (one segment), and return how to launch it from then on, as
     :func:`launch` is called."""
-    fast = driver_launch.launcher(_gather[(1,)](desc, BLOCK=BLOCK), 1, device)
+    fast = driver_launch.launcher(_gather[(1,)](desc, BLOCK=BLOCK), (driver_launch.WORD,), device)
     if fast is None:
         return launch
 

@@ -514,15 +514,42 @@ def test_a_profiled_call_still_shows_the_op():
     assert any(e.name == "hotwire::steer_" for e in prof.events())
 
 
+def _counting_triton_launches(monkeypatch) -> list:
+    """A list that gets one item per launch of the steering kernel by Triton (not by the driver)."""
+    from hotwire.engine_plugin import steer_triton
+
+    launches, run = [], steer_triton._steer.run
+
+    def counted(*args, **kwargs):
+        launches.append(1)
+        return run(*args, **kwargs)
+
+    monkeypatch.setattr(steer_triton._steer, "run", counted)
+    return launches
+
+
 @pytest.mark.gpu
+@pytest.mark.parametrize("by", ["the driver", "Triton"])
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16, torch.float32])
 @pytest.mark.parametrize("n,h", [(1, 1024), (7, 1000), (300, 4096)])
-def test_triton_kernel_matches_the_reference(n, h, dtype):
+def test_triton_kernel_matches_the_reference(n, h, dtype, by, monkeypatch):
+    """Each specialisation launched by Triton once, then by the driver (engine_plugin/steer_triton.py);
+    by Triton every time where the driver cannot be used."""
+    from hotwire.engine_plugin import driver_launch, steer_triton
+
+    monkeypatch.setattr(steer_triton, "_LAUNCHES", {})
+    if by == "Triton":
+        monkeypatch.setattr(driver_launch, "_driver", lambda: None)
+    by_triton = _counting_triton_launches(monkeypatch)
     x, residual, pos, bank, route = _random_tables(n, h, dtype, "cuda", seed=n)
     for layer, res in zip(range(route.shape[1]), (residual, None, residual)):
         tok = _mixed(route)
         at = (x, res, pos, bank, route[:, layer], tok)  # strided, read through each token's row, as in the engine
+        before = len(by_triton)
         got = op(*at)
+        assert torch.equal(op(*at), got)  # the second launch: by the driver where it can be
+        # by the driver: layer 2 is layer 0's specialisation (a residual), compiled already
+        assert len(by_triton) - before == (2 if by == "Triton" else 0 if layer == 2 else 1)
         want = reference(*[a.cpu() if a is not None else None for a in at])
         mine = route[tok.long(), layer]
         off = ~((pos[:, None] >= mine[:, :, 1]) & (pos[:, None] < mine[:, :, 2])).any(1)
@@ -531,6 +558,30 @@ def test_triton_kernel_matches_the_reference(n, h, dtype):
         assert torch.equal(got[off].cpu().view(torch.uint8), x[off].cpu().view(torch.uint8))
         torch.testing.assert_close(got.cpu(), want, rtol=1e-2 if dtype != torch.float32 else 1e-5, atol=1e-2)
         opcheck(*at)
+
+
+@pytest.mark.gpu
+def test_a_call_with_an_unaligned_address_is_launched_by_triton(monkeypatch):
+    """The driver launches the kernel Triton compiled for 16-byte aligned addresses; a call with an
+    address that is not (a view starting one float in) must not get it."""
+    from hotwire.engine_plugin import steer_triton
+
+    monkeypatch.setattr(steer_triton, "_LAUNCHES", {})
+    by_triton = _counting_triton_launches(monkeypatch)
+    n, h = 5, 1024
+    x, residual, pos, bank, route = _random_tables(n, h, torch.float32, "cuda", seed=2)
+    at = (residual, pos, bank, route[:, 0], _mixed(route))
+    op(x, *at)
+    op(x, *at)
+    assert len(by_triton) == 1  # compiled once, then the driver's
+    shifted = torch.empty(n * h + 1, device="cuda")[1:].view(n, h)  # steered in place, where it is
+    shifted.copy_(x)
+    assert shifted.data_ptr() % 16 and shifted.is_contiguous()
+    anchor, layer = bound(*at[2:])
+    torch.ops.hotwire.steer_(shifted, residual, pos, anchor)
+    assert len(by_triton) == 2
+    want = reference(x.cpu(), *[a.cpu() for a in at])
+    torch.testing.assert_close(shifted.cpu(), want, rtol=1e-5, atol=1e-2)
 
 
 @pytest.mark.gpu
