@@ -19,7 +19,7 @@
 #                                           # when its wheel travelled in .device/original (serve_throughput.py
 #                                           # says how to fetch it); TTFT and tokens/s with the control API
 #                                           # pushing every second
-#   bash benchmarks/h200.sh split  OUTDIR A|B|C|U|S|L|R|F|G  # where steering's served cost goes, under MPS at 256 in
+#   bash benchmarks/h200.sh split  OUTDIR A|B|C|U|S|L|R|F|G|D  # where steering's served cost goes, under MPS at 256 in
 #                                           # flight, each engine core's step timed phase by phase
 #                                           # (one run per call, ~7.5 min): A = plugin-free, host only
 #                                           # (the op kept off the GPU), graphs only (no launch from Python),
@@ -35,7 +35,9 @@
 #                                           # hotwire sent no spec, the specs under a key it never reads,
 #                                           # the specs refused (what a spec's arrival costs, and where);
 #                                           # G = plugin-free, the specs under a key hotwire never reads,
-#                                           # refused without hotwire's API-server middleware, refused
+#                                           # refused without hotwire's API-server middleware, refused;
+#                                           # D = plugin-free, specs refused, hotwire whose op Triton
+#                                           # launches (before session 32), hotwire (the driver launches it)
 #   bash benchmarks/h200.sh forward OUTDIR [ROUND...]  # one engine alone at a time (forward_cost.py, ~70 s
 #                                           # each, HOTWIRE_JOB_LIMIT=120 fits): what armed layers cost
 #                                           # the forward, unsteered, Qwen3 0.6B shape. Round 1 = plugin-free
@@ -174,7 +176,8 @@ split() {  # split [A|B]: one simultaneous run under MPS, hotwire beside kinds t
     R) servers=(plugin_free hotwire_refused hotwire_copy_uploads hotwire) ;;
     F) servers=(plugin_free hotwire_unsteered hotwire_foreign_spec hotwire_refused) ;;
     G) servers=(plugin_free hotwire_foreign_spec hotwire_refused_no_frontend hotwire_refused) ;;
-    *) echo "split A, B, C, U, S, L, R, F or G" >&2; return 2 ;;
+    D) servers=(plugin_free hotwire_refused hotwire_triton_launch hotwire) ;;
+    *) echo "split A, B, C, U, S, L, R, F, G or D" >&2; return 2 ;;
   esac
   job "split-${1:-A}" python3 benchmarks/serve_throughput.py --simultaneous --mps --shape qwen3-0.6b \
     --concurrency 256 --budget-s 420 --servers "${servers[@]}" --rotate-cores 4 --step-phases \

@@ -80,6 +80,9 @@ KINDS = {
     # hotwire whose op calls all go through torch's dispatcher, as before steer_op._call_past_the_dispatcher
     # (bench_site/op_off.py): beside hotwire, what going past it gains
     "hotwire_dispatched": Kind(True, env={"PYTHONPATH": BENCH_SITE, "BENCH_OP_OFF": "dispatch"}),
+    # hotwire whose op kernel Triton launches every time, as before session 32, never the CUDA driver
+    # (bench_site/op_off.py): beside hotwire, what the driver's launch gains in steps run without a graph
+    "hotwire_triton_launch": Kind(True, env={"PYTHONPATH": BENCH_SITE, "BENCH_OP_OFF": "triton_launch"}),
     # hotwire loaded with no layer armed: its API-server middleware, its request and config patches,
     # and nothing that steers (no tables, no op, no routing, no mailbox)
     "hotwire_unarmed": Kind(False, env={"VLLM_PLUGINS": "hotwire", "HOTWIRE_LAYERS": ""}),

@@ -114,6 +114,14 @@ def test_op_off_no_launch_never_launches_the_triton_kernel():
     assert _armed_layer(check, "no_launch") == "None"
 
 
+def test_op_off_triton_launch_never_gives_a_specialisation_the_drivers_launch():
+    check = """from hotwire.engine_plugin import steer_triton
+steer_triton._LAUNCHES[("a specialisation",)] = print
+print(steer_triton._LAUNCHES.get(("a specialisation",), steer_triton._UNTRIED))"""
+    assert _armed_layer(check, "triton_launch") == "None"
+    assert _armed_layer(check) == "<built-in function print>"  # as deployed: the launch it holds
+
+
 def test_op_off_salts_the_compile_cache_key():
     """A setting that traces other code must not load the graph a deployed engine cached."""
     check = "from hotwire.engine_plugin import salts; print(salts.compile_salt(None).split(';')[-1])"

@@ -1,6 +1,6 @@
 """Benchmark only: keeps the op off the GPU where hotwire would run it, for the server kinds that
 set ``BENCH_OP_OFF`` (``server_kinds.py``: ``hotwire_host_only``, ``hotwire_graphs_only``,
-``hotwire_dispatched``); imported by ``sitecustomize.py`` at the start of each of their processes.
+``hotwire_dispatched``, ``hotwire_triton_launch``); imported by ``sitecustomize.py`` at the start of each of their processes.
 ``BENCH_OP_OFF`` says where the op stays off:
 
 * ``all``: every step replays the graphs without the op and a step run without a graph launches
@@ -12,6 +12,9 @@ set ``BENCH_OP_OFF`` (``server_kinds.py``: ``hotwire_host_only``, ``hotwire_grap
   Beside ``hotwire``: what the op's launches from Python cost in those steps.
 * ``dispatch``: the op runs as deployed, but every call goes through torch's dispatcher, as
   before ``steer_op._call_past_the_dispatcher``. Beside ``hotwire``: what going past it gains.
+* ``triton_launch``: the op runs as deployed, but Triton launches its kernel every time, as
+  before session 32, never the CUDA driver (``steer_triton.launch``). Beside ``hotwire``: what the
+  driver's launch gains in steps run without a graph.
 * ``graph``: the layers are armed (their class, their anchors bound) but their forward never
   calls the op, so the compiled graph has none. Beside ``hotwire``: what the op's place in the
   compiled graph costs, launches or not.
@@ -65,6 +68,14 @@ elif where == "no_launch":
     steer_triton.launch = lambda *args, **kwargs: None
 elif where == "dispatch":
     steer_op.steer_._op = steer_op.steer_._op.__wrapped__
+elif where == "triton_launch":
+    from hotwire.engine_plugin import steer_triton
+
+    class _NoDriver(dict):
+        def get(self, key, default=None):
+            return None  # no driver launch for any specialisation: Triton's, every call
+
+    steer_triton._LAUNCHES = _NoDriver()
 elif where == "eager":
     captured = False
     _report, _steering = engine.Steerer.report_capture, steer_op._steering
