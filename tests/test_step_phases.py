@@ -51,3 +51,29 @@ def test_timers_add_their_calls_and_an_output_futures_wait(tmp_path):
     assert reading["calls"]["test_slow"] == step_phases._calls["test_slow"]
     assert json.loads((tmp_path / "engine-core-1.json").read_text()) == reading
     assert step_phases.read(tmp_path, 2) is None  # no dump yet: nothing, not an error
+
+
+def test_hotwires_hooks_and_op_are_timed_where_the_process_has_them(monkeypatch):
+    import importlib
+
+    import pytest
+    import torch
+
+    pytest.importorskip("triton")
+    originals = {}
+    for name, (module_name, owner, fn) in step_phases.HOTWIRE.items():
+        module = importlib.import_module(module_name)
+        target = module if owner is None else getattr(module, owner)
+        originals[name] = getattr(target, fn)
+        monkeypatch.setattr(target, fn, originals[name])  # put back after the test
+    step_phases._instrument_hotwire()
+    from hotwire.engine_plugin import core_sync, engine, steer_triton
+
+    wrapped = {"hotwire:core": core_sync.CoreSync.on_schedule, "hotwire:schedule": engine.Steerer.on_schedule,
+               "hotwire:batch": engine.Steerer.on_batch, "hotwire:op_launch": steer_triton.launch}
+    assert {name: fn.__wrapped__ for name, fn in wrapped.items()} == originals
+    calls = step_phases._calls["hotwire:op_launch"]
+    empty = torch.zeros(0, 4)
+    steer_triton.launch(empty, None, torch.zeros(0), empty, torch.zeros(1, 1, 8, dtype=torch.int32),
+                        torch.zeros(0, dtype=torch.int32))  # no token: returns before any launch
+    assert step_phases._calls["hotwire:op_launch"] == calls + 1

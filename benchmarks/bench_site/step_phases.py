@@ -25,7 +25,18 @@ Phases (each: wall and this thread's CPU ns, and calls; a phase inside another c
 ``input_queue``            the engine core's loop taking requests in (``_process_input_queue``)
 ``engine_step``            the loop's step (``_process_engine_step``): a step and its outputs handed on
 ``gc0``, ``gc1``, ``gc2``  Python's collections, by generation, wherever they ran
+``hotwire:core``           where hotwire is loaded: its engine core's decision (inside ``schedule``)
+``hotwire:schedule``       its rank's take of that decision (inside ``execute_model``)
+``hotwire:batch``          its routing of the settled batch (inside ``prepare_inputs``)
+``hotwire:op_launch``      its op's kernel launched from Python (steps without a full graph), on the
+                           layers the step steers (the calls on the rest, one per armed layer, are
+                           left untimed: timing each would add its clock reads to every such step)
 =========================  ==========================================================================
+
+hotwire's own counters time its hooks in wall time only; here a hook's wall time beside its CPU
+time says how much of it the step thread spent waiting (for the GIL, most likely) rather than working.
+The rank's phases and the op's launches are timed where the runner shares the engine core's
+process (one GPU).
 
 ``steps`` counts ``update_from_output`` calls (one per engine step that ran the model) and
 ``tokens`` the tokens those steps scheduled (``tokens:<MODE>`` by mode).
@@ -221,11 +232,30 @@ def _instrument(core: Any) -> None:
         if callable(getattr(graphs, "run_fullgraph", None)):
             graphs.run_fullgraph = _full_graph(graphs.run_fullgraph)
     gc.callbacks.append(_collected)
+    _instrument_hotwire()
     if os.environ.get("BENCH_SYNC_DEBUG"):  # a warning in the server's log wherever torch synchronizes
         import torch
 
         if torch.cuda.is_available():
             torch.cuda.set_sync_debug_mode("warn")
+
+
+HOTWIRE = {  # phase -> (module, owner in it or None for the module itself, function)
+    "hotwire:core": ("hotwire.engine_plugin.core_sync", "CoreSync", "on_schedule"),
+    "hotwire:schedule": ("hotwire.engine_plugin.engine", "Steerer", "on_schedule"),
+    "hotwire:batch": ("hotwire.engine_plugin.engine", "Steerer", "on_batch"),
+    "hotwire:op_launch": ("hotwire.engine_plugin.steer_triton", None, "launch"),
+}
+
+
+def _instrument_hotwire() -> None:
+    """hotwire's hooks and its op's calls, timed where this process has imported them (an engine
+    core with the plugin loaded has, once its engine is built: the op ran while vLLM captured)."""
+    for name, (module_name, owner, fn) in HOTWIRE.items():
+        module = sys.modules.get(module_name)
+        target = module if owner is None or module is None else getattr(module, owner, None)
+        if target is not None and callable(getattr(target, fn, None)):
+            setattr(target, fn, _timed(name, getattr(target, fn)))
 
 
 def _patch_core(module: Any) -> None:
