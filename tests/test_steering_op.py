@@ -505,6 +505,29 @@ def test_an_inference_call_of_the_op_keeps_the_gil():
     assert took < SLOW_S, f"a call took {took:.3f} s: it let the GIL go"
 
 
+@pytest.mark.gpu
+def test_a_steered_layers_launch_by_the_driver_keeps_the_gil(monkeypatch):
+    """In a step run without a CUDA graph the op launches its kernel on each steered layer, where
+    Triton's launch lets the GIL go around the driver's call (and vLLM's output thread may take
+    it); the driver's launch through ``ctypes.PyDLL`` keeps it (engine_plugin/steer_triton.py).
+    (Triton's release lasts a few microseconds: the probe would see it only now and then.)"""
+    from gil_probe import SLOW_S, longest_call
+    from hotwire.engine_plugin import driver_launch, steer_triton
+
+    monkeypatch.setattr(steer_triton, "_LAUNCHES", {})
+    x, residual, pos, bank, route = _random_tables(256, 1024, torch.bfloat16, "cuda", seed=4)
+    state = steer_op.StepState(None, 1)
+    layer = steer_op.ArmedLayer(bank, route[:, 0], _mixed(route), state, 0)
+    anchor = nn.Parameter(torch.empty(1, device="cuda"), requires_grad=False)
+    steer_op.bind(anchor, layer)
+    with torch.inference_mode():
+        steer_op.steer_(x, residual, pos, anchor)  # Triton compiles and launches it once
+        took = longest_call(lambda k: steer_op.steer_(x, residual, pos, anchor))
+        torch.cuda.synchronize()
+    assert [type(f) for f in steer_triton._LAUNCHES.values()] == [driver_launch.DriverLaunch]
+    assert took < SLOW_S, f"a launch took {took:.3f} s: it let the GIL go"
+
+
 def test_a_profiled_call_still_shows_the_op():
     """Under the profiler the call goes through the dispatcher, so traces name ``hotwire::steer_``."""
     x, residual, pos, bank, route = _random_tables(4, H, torch.float32, "cpu")
