@@ -5,7 +5,9 @@ vLLM calls (through :mod:`.hooks`):
   * ``on_schedule(scheduler_output)`` at the top of ``execute_model`` — the engine core's
     decision for the step (:mod:`.step_decision`): its slot-table delta, then finished requests
     and the ones the core admitted;
-  * ``on_batch(req_ids, num_tokens)`` after the runner has settled the step's batch.
+  * ``on_batch(req_ids, num_tokens)`` after the runner has settled the step's batch;
+  * ``warming`` set while the worker compiles and warms up (``compile_or_warm_up_model``), whose
+    kernel warm-up runs steps that bring requests before the engine core's sync has started.
 
 A rank never reads the mailbox nor parses a spec: every change and admission arrives with the
 step it belongs to, so all ranks of a TP/PP engine change at the same step (invariant 9), and
@@ -48,6 +50,7 @@ class Steerer:
         self.router, self.tables, self.counters = router, tables, counters
         self._heard_core = False
         self._changed = False  # requests arrived or left at this step
+        self.warming = False  # vLLM's warm-up steps are running: no decision is due from the core
 
     # -- construction ---------------------------------------------------------------------------
     @classmethod
@@ -108,10 +111,11 @@ class Steerer:
             self._heard_core = True
             if decision.delta is not None:
                 decision.delta.apply(None, self.tables.bank)
-        elif not self._heard_core and scheduler_output.scheduled_new_reqs:
-            # a step that brings requests without a decision: the core has no hotwire. (vLLM's
-            # dummy runs, before the core's sync starts, bring none: the V2 runner profiles and
-            # warms up through execute_model with an empty scheduler output.)
+        elif not self._heard_core and not self.warming and scheduler_output.scheduled_new_reqs:
+            # a served step that brings requests without a decision: the core has no hotwire.
+            # (vLLM's runs before the core's sync starts bring none, or are warm-ups: the V2
+            # runner profiles through execute_model with an empty scheduler output, and its
+            # kernel warm-up sends requests of its own.)
             self._heard_core = True  # say it once
             log.error("hotwire: the engine core did not load hotwire (is it installed there, and "
                       "VLLM_PLUGINS not filtering it out?); this rank serves without steering")

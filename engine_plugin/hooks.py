@@ -59,6 +59,26 @@ def _after_v2_prepare(runner: Any, batch: Any, args: tuple, kwargs: dict) -> Non
         st.on_batch(batch.req_ids, batch.num_scheduled_tokens)
 
 
+@contextlib.contextmanager
+def _warming_up(worker: Any):
+    """The worker's compile and warm-up (``compile_or_warm_up_model``): its steps are vLLM's own,
+    run before the engine core's sync starts, and may bring requests (V2's kernel warm-up does)."""
+    runner = getattr(worker, "model_runner", None)
+    st = None if runner is None else _steerer(runner)
+    if st is None:
+        yield
+        return
+    before, st.warming = st.warming, True  # a subclass's warm-up may call its base class's
+    try:
+        yield
+    finally:
+        st.warming = before
+
+
+def _patch_worker(cls: type) -> None:
+    _wrap(cls, "compile_or_warm_up_model", around=_warming_up)
+
+
 def _after_core_kv_init(core: Any, result: Any, args: tuple, kwargs: dict) -> None:
     """Every rank has loaded its model and sized its KV cache: start deciding the engine's steps.
 
@@ -212,6 +232,14 @@ def _patch_cpu(module: ModuleType) -> None:
     _wrap(module.CPUModelRunner, "load_model", after=_after_load)
 
 
+def _patch_gpu_worker(module: ModuleType) -> None:
+    _patch_worker(module.Worker)
+
+
+def _patch_cpu_worker(module: ModuleType) -> None:
+    _patch_worker(module.CPUWorker)  # overrides compile_or_warm_up_model
+
+
 def _patch_v1(module: ModuleType) -> None:
     _patch_runner(module.GPUModelRunner, "_prepare_inputs", _after_v1_prepare)
     _patch_v1_capture(module.GPUModelRunner)
@@ -227,11 +255,23 @@ TARGETS: dict[str, Callable[[ModuleType], None]] = {
     "vllm.v1.worker.gpu.model_runner": _patch_v2,
     "vllm.v1.worker.gpu.cudagraph_utils": _patch_v2_capture,
     "vllm.v1.worker.cpu_model_runner": _patch_cpu,
+    "vllm.v1.worker.gpu_worker": _patch_gpu_worker,
+    "vllm.v1.worker.cpu_worker": _patch_cpu_worker,
     "vllm.v1.engine.core": _patch_core,
     "vllm.v1.request": salts.patch_request,
     "vllm.config.vllm": salts.patch_config_hash,
     "fastapi.applications": _patch_fastapi,
 }
+
+
+def _apply(patch: Callable[[ModuleType], None], module: ModuleType) -> None:
+    """Patch ``module``; a patch that fails (a vLLM whose code differs from what hotwire knows)
+    is logged and skipped: it must not fail vLLM's import of its own module, nor vLLM's start."""
+    try:
+        patch(module)
+    except Exception:
+        log.exception("hotwire: could not patch %s for this vLLM (%s); the parts of hotwire that need it are off",
+                      module.__name__, getattr(sys.modules.get("vllm"), "__version__", "version unknown"))
 
 
 class _Loader(importlib.abc.Loader):
@@ -245,7 +285,7 @@ class _Loader(importlib.abc.Loader):
 
     def exec_module(self, module: ModuleType) -> None:
         self._inner.exec_module(module)
-        self._patch(module)
+        _apply(self._patch, module)
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self._inner, name)
@@ -276,4 +316,4 @@ def install() -> None:
     for name, patch in TARGETS.items():
         module = sys.modules.get(name)
         if module is not None:
-            patch(module)
+            _apply(patch, module)

@@ -1,9 +1,10 @@
 """Cache keys that must know about hotwire.
 
-* Compile cache (invariant 4): vLLM keys compiled artifacts on ``VllmConfig.compute_hash()``.
-  A cache written without the plugin (or with another op, or other table shapes) would serve
-  a graph without the current steering op, so the hash is salted with the plugin version, a
-  digest of the op's source and everything that shapes the tables.
+* Compile cache (invariant 4): vLLM keys compiled artifacts on its configuration's hash
+  (``VllmConfig.compute_hash()``; from vLLM 0.34 the dict ``VllmConfig.compile_factors()``, which
+  it hashes). A cache written without the plugin (or with another op, or other table shapes)
+  would serve a graph without the current steering op, so the key is salted with the plugin
+  version, a digest of the op's source and everything that shapes the tables.
 * Prefix cache (invariant 5): block hashes ignore ``extra_args`` but include ``cache_salt``, so a
   steered request's salt is extended with its canonical spec, the versions of the vectors it
   reads (as the engine's mailbox thread acked them) and, where its tokens are chosen relative to the prompt's end, the
@@ -56,18 +57,42 @@ def compile_salt(vllm_config: Any) -> str:
 
 
 def patch_config_hash(module: ModuleType) -> None:
+    """Salt the compile cache's key with :func:`compile_salt`, in whichever form this vLLM
+    computes it (both, where it has both); an error in the log where it has neither."""
     cls = module.VllmConfig
-    orig = cls.compute_hash
-    if getattr(orig, "__hotwire__", False):
-        return
+    found = [name for name, wrap in (("compute_hash", _salted_hash), ("compile_factors", _salted_factors))
+             if _salt_method(cls, name, wrap)]
+    if not found:
+        log.error("hotwire: VllmConfig has neither compute_hash nor compile_factors, so vLLM's compile cache is "
+                  "NOT keyed on hotwire: a graph compiled without the steering op could be loaded; run with "
+                  "VLLM_DISABLE_COMPILE_CACHE=1")
 
-    def compute_hash(self, *args, **kwargs):
+
+def _salt_method(cls: type, name: str, wrap: Callable[[Callable], Callable]) -> bool:
+    """Replace ``cls.name`` by ``wrap`` of it, once; False where the class has no such method."""
+    orig = getattr(cls, name, None)
+    if not callable(orig):
+        return False
+    if not getattr(orig, "__hotwire__", False):
+        salted = functools.wraps(orig)(wrap(orig))
+        salted.__hotwire__ = True
+        setattr(cls, name, salted)
+    return True
+
+
+def _salted_hash(orig: Callable) -> Callable:
+    def compute_hash(self, *args, **kwargs):  # a hex digest: salted, same length
         h = orig(self, *args, **kwargs)
         return hashlib.sha256(f"{h}|{compile_salt(self)}".encode()).hexdigest()[: len(h)]
 
-    compute_hash.__hotwire__ = True
-    compute_hash.__doc__ = orig.__doc__
-    cls.compute_hash = compute_hash
+    return compute_hash
+
+
+def _salted_factors(orig: Callable) -> Callable:
+    def compile_factors(self, *args, **kwargs):  # a JSON-able dict vLLM hashes: one more entry
+        return {**orig(self, *args, **kwargs), "hotwire": compile_salt(self)}
+
+    return compile_factors
 
 
 _versions: Callable[[], dict[str, str]] = dict  # none known: the spec alone (startup vectors never change)
@@ -104,6 +129,9 @@ def patch_request(module: ModuleType) -> None:
                   "isolated between steering configs — disable it (--no-enable-prefix-caching)")
         return
     call = _Arguments(sig)
+    # block hashes a frontend computed before the engine (vLLM 0.34+) ignore the salt added here:
+    # a salted request's are dropped, and the engine hashes its blocks again, salt included
+    prehashed = "block_hashes" in sig.parameters
 
     def __init__(self, *args, **kwargs):
         args = (self, *args)
@@ -115,6 +143,8 @@ def patch_request(module: ModuleType) -> None:
             if salt is not None:
                 prior = call.get("cache_salt", args, kwargs)
                 args = call.set("cache_salt", f"{prior}|{salt}" if prior else salt, args, kwargs)
+                if prehashed and call.get("block_hashes", args, kwargs):
+                    args = call.set("block_hashes", None, args, kwargs)
         orig(*args, **kwargs)
 
     __init__.__hotwire__ = True

@@ -242,3 +242,27 @@ def test_a_rank_says_the_core_lacks_hotwire_only_on_a_step_that_brings_requests(
         assert "did not load hotwire" not in caplog.text
         rank.on_schedule(Step([new_req("r", None)]))  # a real step, and the core attached nothing
     assert caplog.text.count("did not load hotwire") == 1
+
+
+def test_a_rank_says_nothing_of_the_core_during_vllms_warm_up(caplog):
+    """vLLM's V2 runner warms its kernels up with steps that bring requests of its own, inside the
+    worker's ``compile_or_warm_up_model`` and before the engine core's sync starts: the hook on it
+    (hooks._patch_worker) keeps the rank quiet then, and the rank still speaks after it."""
+    from hotwire.engine_plugin import hooks
+
+    rank = make_rank("cpu")
+
+    class Worker:  # as vLLM's: the runner, whose Steerer hotwire attached at load_model
+        model_runner = type("Runner", (), {})()
+
+        def compile_or_warm_up_model(self):
+            rank.on_schedule(Step([new_req("warm-up", None)]))  # vLLM's request; no decision: no sync yet
+            return "compiled"
+
+    Worker.model_runner._hotwire = rank
+    hooks._patch_worker(Worker)
+    with caplog.at_level("ERROR", logger="vllm.hotwire"):
+        assert Worker().compile_or_warm_up_model() == "compiled"
+        assert "did not load hotwire" not in caplog.text and not rank.warming
+        rank.on_schedule(Step([new_req("r", None)]))  # served, and still no decision: the core lacks hotwire
+    assert caplog.text.count("did not load hotwire") == 1

@@ -98,6 +98,54 @@ def test_the_request_patch_salts_steered_requests_however_vllm_passes_the_argume
     assert module.Request("r", [1], None).cache_salt is None  # pooling requests have no sampling params
 
 
+def test_a_salted_request_drops_block_hashes_computed_before_its_salt():
+    """vLLM 0.34's Request takes block hashes a frontend computed from the prompt and the salt it
+    knew; a steered request's salt changes after that, so its hashes must be made again."""
+    module = ModuleType("fake_request_034")
+
+    class Request:
+        def __init__(self, request_id, prompt_token_ids, sampling_params, cache_salt=None, block_hashes=None):
+            self.cache_salt, self.block_hashes = cache_salt, block_hashes
+
+    module.Request = Request
+    salts.patch_request(module)
+    steered, plain = SimpleNamespace(extra_args={"hotwire": SPEC}), SimpleNamespace(extra_args=None)
+    assert module.Request("r", [1, 2, 3], steered, block_hashes=[b"h0"]).block_hashes is None
+    assert module.Request("r", [1, 2, 3], steered, None, [b"h0"]).block_hashes is None
+    assert module.Request("r", [1, 2, 3], plain, block_hashes=[b"h0"]).block_hashes == [b"h0"]
+
+
+def _config_module(*methods: str) -> ModuleType:
+    """A stand-in for ``vllm.config.vllm`` whose ``VllmConfig`` has ``methods`` of the compile cache's
+    key: ``compute_hash`` (up to vLLM 0.33), ``compile_factors`` (0.34)."""
+    module = ModuleType("fake_config")
+    body = {"compute_hash": lambda self, include_version=True: "0123abcd" * 4,
+            "compile_factors": lambda self, include_version=True: {"model": {"name": "m"}, "version": "0.34.0"}}
+    module.VllmConfig = type("VllmConfig", (), {"scheduler_config": SimpleNamespace(max_num_seqs=8),
+                                                **{m: body[m] for m in methods}})
+    return module
+
+
+def test_the_compile_key_is_salted_in_whichever_form_vllm_computes_it(monkeypatch, caplog):
+    monkeypatch.setenv("HOTWIRE_SLOTS", "64")
+    old, new, both, neither = (_config_module(*m) for m in (("compute_hash",), ("compile_factors",),
+                                                            ("compute_hash", "compile_factors"), ()))
+    for module in (old, new, both, neither):
+        salts.patch_config_hash(module)
+        salts.patch_config_hash(module)  # once only, however often the module is patched
+    h = old.VllmConfig().compute_hash()
+    assert len(h) == 32 and h != "0123abcd" * 4
+    factors = new.VllmConfig().compile_factors()
+    assert factors == {"model": {"name": "m"}, "version": "0.34.0", "hotwire": salts.compile_salt(new.VllmConfig())}
+    assert "slots=64" in factors["hotwire"]
+    assert both.VllmConfig().compute_hash() == h and both.VllmConfig().compile_factors() == factors
+    monkeypatch.setenv("HOTWIRE_SLOTS", "128")  # another table shape: another key
+    assert old.VllmConfig().compute_hash() != h and new.VllmConfig().compile_factors() != factors
+    with caplog.at_level("ERROR", logger="vllm.hotwire"):
+        salts.patch_config_hash(_config_module())
+    assert "neither compute_hash nor compile_factors" in caplog.text
+
+
 def test_a_request_arrival_reads_no_file(tmp_path, monkeypatch):
     """The salt's versions come from memory: the engine core's input thread, which shares the
     step thread's GIL, makes no system call for them."""
