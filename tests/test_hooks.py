@@ -5,7 +5,10 @@ hand is logged and skipped, never raised into vLLM's import of its own module or
 from __future__ import annotations
 
 import importlib
+import importlib.util
 import sys
+
+import pytest
 
 from hotwire.engine_plugin import hooks
 
@@ -31,3 +34,45 @@ def test_a_patch_that_fails_on_import_leaves_the_module_imported(monkeypatch, ca
         assert importlib.import_module("hotwire_test_target").VALUE == 7
     assert "could not patch hotwire_test_target" in caplog.text
 
+
+
+# What hotwire wraps in the vLLM it runs with, by module and class. Modules a later vLLM removed
+# (0.34: the V1 runners) may be missing; a module that is there must have every wrapper.
+WRAPPED = {
+    "vllm.v1.worker.gpu_model_runner": {"GPUModelRunner": {"load_model", "execute_model", "_prepare_inputs",
+                                                           "_warmup_and_capture", "capture_model"}},
+    "vllm.v1.worker.gpu.model_runner": {"GPUModelRunner": {"load_model", "execute_model", "prepare_inputs",
+                                                           "capture_model"}},
+    "vllm.v1.worker.gpu.cudagraph_utils": {"ModelCudaGraphManager": {"capture"}},
+    "vllm.v1.worker.cpu_model_runner": {"CPUModelRunner": {"load_model"}},
+    "vllm.v1.worker.gpu_worker": {"Worker": {"compile_or_warm_up_model"}},
+    "vllm.v1.worker.cpu_worker": {"CPUWorker": {"compile_or_warm_up_model"}},
+    "vllm.v1.engine.core": {"EngineCore": {"_initialize_kv_caches", "step", "step_with_batch_queue"}},
+    "vllm.v1.request": {"Request": {"__init__"}},
+    "fastapi.applications": {"FastAPI": {"build_middleware_stack"}},
+}
+REMOVED_LATER = {"vllm.v1.worker.gpu_model_runner", "vllm.v1.worker.cpu_model_runner"}
+
+
+@pytest.mark.vllm
+def test_every_hook_attaches_to_the_installed_vllm():
+    """Each method hotwire wraps exists in the installed vLLM and is wrapped once the plugin is
+    registered: a renamed method would otherwise leave a part of hotwire silently off. (Run with
+    another vLLM's sources on ``PYTHONPATH`` to read a new release against the hooks.)"""
+    pytest.importorskip("vllm")
+    from hotwire.engine_plugin import register
+
+    register()
+    missing = {}
+    for name, classes in WRAPPED.items():
+        if name in REMOVED_LATER and importlib.util.find_spec(name) is None:
+            continue
+        module = importlib.import_module(name)
+        for cls, methods in classes.items():
+            wrapped = {m for m, fn in vars(getattr(module, cls)).items() if getattr(fn, "__hotwire__", False)}
+            if methods - wrapped:
+                missing[f"{name}.{cls}"] = sorted(methods - wrapped)
+    config = importlib.import_module("vllm.config.vllm").VllmConfig  # the compile cache's key, either form
+    if not any(getattr(getattr(config, m, None), "__hotwire__", False) for m in ("compute_hash", "compile_factors")):
+        missing["vllm.config.vllm.VllmConfig"] = ["compute_hash or compile_factors"]
+    assert not missing, missing
