@@ -232,6 +232,11 @@ def _patch_cpu(module: ModuleType) -> None:
     _wrap(module.CPUModelRunner, "load_model", after=_after_load)
 
 
+def _patch_standalone_cpu(module: ModuleType) -> None:
+    # vLLM 0.34's runner for CPUs without Triton: V2's interface, on a class of its own
+    _patch_runner(module.StandaloneCPUModelRunner, "prepare_inputs", _after_v2_prepare)
+
+
 def _patch_gpu_worker(module: ModuleType) -> None:
     _patch_worker(module.Worker)
 
@@ -255,6 +260,7 @@ TARGETS: dict[str, Callable[[ModuleType], None]] = {
     "vllm.v1.worker.gpu.model_runner": _patch_v2,
     "vllm.v1.worker.gpu.cudagraph_utils": _patch_v2_capture,
     "vllm.v1.worker.cpu_model_runner": _patch_cpu,
+    "vllm.v1.worker.cpu.standalone_model_runner": _patch_standalone_cpu,
     "vllm.v1.worker.gpu_worker": _patch_gpu_worker,
     "vllm.v1.worker.cpu_worker": _patch_cpu_worker,
     "vllm.v1.engine.core": _patch_core,

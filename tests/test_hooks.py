@@ -37,7 +37,8 @@ def test_a_patch_that_fails_on_import_leaves_the_module_imported(monkeypatch, ca
 
 
 # What hotwire wraps in the vLLM it runs with, by module and class. Modules a later vLLM removed
-# (0.34: the V1 runners) may be missing; a module that is there must have every wrapper.
+# (0.34: the V1 runners) or added (0.34: the CPU runner without Triton) may be missing; a module
+# that is there must have every wrapper.
 WRAPPED = {
     "vllm.v1.worker.gpu_model_runner": {"GPUModelRunner": {"load_model", "execute_model", "_prepare_inputs",
                                                            "_warmup_and_capture", "capture_model"}},
@@ -45,13 +46,23 @@ WRAPPED = {
                                                            "capture_model"}},
     "vllm.v1.worker.gpu.cudagraph_utils": {"ModelCudaGraphManager": {"capture"}},
     "vllm.v1.worker.cpu_model_runner": {"CPUModelRunner": {"load_model"}},
+    "vllm.v1.worker.cpu.standalone_model_runner": {"StandaloneCPUModelRunner": {"load_model", "execute_model",
+                                                                                "prepare_inputs"}},
     "vllm.v1.worker.gpu_worker": {"Worker": {"compile_or_warm_up_model"}},
     "vllm.v1.worker.cpu_worker": {"CPUWorker": {"compile_or_warm_up_model"}},
     "vllm.v1.engine.core": {"EngineCore": {"_initialize_kv_caches", "step", "step_with_batch_queue"}},
     "vllm.v1.request": {"Request": {"__init__"}},
     "fastapi.applications": {"FastAPI": {"build_middleware_stack"}},
 }
-REMOVED_LATER = {"vllm.v1.worker.gpu_model_runner", "vllm.v1.worker.cpu_model_runner"}
+NOT_IN_EVERY_VERSION = {"vllm.v1.worker.gpu_model_runner", "vllm.v1.worker.cpu_model_runner",
+                        "vllm.v1.worker.cpu.standalone_model_runner"}
+
+
+def _exists(name: str) -> bool:
+    try:
+        return importlib.util.find_spec(name) is not None
+    except ModuleNotFoundError:  # its package is missing too
+        return False
 
 
 @pytest.mark.vllm
@@ -65,7 +76,7 @@ def test_every_hook_attaches_to_the_installed_vllm():
     register()
     missing = {}
     for name, classes in WRAPPED.items():
-        if name in REMOVED_LATER and importlib.util.find_spec(name) is None:
+        if name in NOT_IN_EVERY_VERSION and not _exists(name):
             continue
         module = importlib.import_module(name)
         for cls, methods in classes.items():
