@@ -17,6 +17,7 @@ terms are clamped to float32's finite range and its sum saturated to the output 
 from __future__ import annotations
 
 import functools
+import logging
 
 import torch
 import triton
@@ -24,6 +25,8 @@ import triton.language as tl
 
 from . import driver_launch
 from . import interventions as iv
+
+log = logging.getLogger("vllm.hotwire")
 
 # the route-table layout, as constants the kernel may read
 ROW, POS_LO, POS_HI, MODE, COEF, CLAMP_LO, CLAMP_HI, GATE, WORDS = (
@@ -137,7 +140,8 @@ def launch(x: torch.Tensor, residual: torch.Tensor | None, positions: torch.Tens
     gates), the route's row stride (an integer specialised on being a multiple of 16) and which
     addresses are 16-byte aligned. The driver launches only calls whose addresses all are (those
     of vLLM's activations, hotwire's tables and views of them always are), with the kernel Triton
-    compiled for such a call; a call with an unaligned address goes to Triton."""
+    compiled for such a call; a call with an unaligned address goes to Triton, and so does, from
+    then on, a specialisation whose launch the driver refused (logged once)."""
     # x, residual: [T, H]; positions: [T]; bank: [S+1, H]; route: [R+1, K, 8] int32, a strided view;
     # tok_row: [N>=T] int32; scratch: a .steer_op.GateScratch, or None (no gate opens)
     n, h = x.shape
@@ -165,8 +169,13 @@ def launch(x: torch.Tensor, residual: torch.Tensor | None, positions: torch.Tens
            x.device.index)
     fast = _LAUNCHES.get(key, _UNTRIED) if aligned else None
     if fast is not None and fast is not _UNTRIED:
-        fast(n, *words)
-        return
+        try:
+            fast(n, *words)
+            return
+        except RuntimeError as e:  # the driver refused the launch: Triton's, from now on
+            log.error("hotwire: the driver's launch of the steering kernel failed (%s); Triton launches it "
+                      "from now on", e)
+            _LAUNCHES[key] = None
     compiled = _steer[(n,)](x, res, positions, bank, route, strides[0], tok_row, gates, counts, decided,
                             **_constants(x.dtype, h, route.shape[1], residual is not None,
                                          None if scratch is None else gates.shape[-1]))

@@ -691,6 +691,45 @@ def test_triton_kernel_matches_the_reference_in_the_interpreter():
     assert run.returncode == 0 and "kernel ok" in run.stdout, run.stderr[-3000:]
 
 
+_REFUSED_BY_THE_DRIVER = """
+import sys, torch
+sys.path.insert(0, {tests!r})
+from test_steering_op import _random_tables, reference
+from hotwire.engine_plugin import driver_launch, steer_triton
+
+
+def refused(grid, *words):
+    raise RuntimeError("hotwire: cuLaunchKernel failed: CUDA_ERROR_INVALID_VALUE")
+
+
+driver_launch.launcher = lambda compiled, sizes, device: refused  # a launch the driver then refuses
+x, res, pos, bank, route = _random_tables(7, 64, torch.float32, "cpu", seed=7)
+tok = torch.arange(7, dtype=torch.int32)
+want = reference(x, res, pos, bank, route[:, 0])
+for _ in range(3):  # Triton's launch; the driver's, refused, then Triton's; Triton's
+    got = x.clone()
+    steer_triton.launch(got, res, pos, bank, route[:, 0], tok)
+    torch.testing.assert_close(got, want)
+assert list(steer_triton._LAUNCHES.values()) == [None], steer_triton._LAUNCHES
+print("fallback ok")
+"""
+
+
+def test_a_launch_the_driver_refuses_falls_back_to_triton_for_good():
+    """A driver error on the steering kernel's launch must not take the engine down when Triton
+    can launch it: the call steers all the same, said once in the log, and Triton launches that
+    specialisation from then on. (Triton's interpreter stands in for the GPU.)"""
+    import subprocess
+    import sys
+
+    pytest.importorskip("triton")
+    env = {**__import__("os").environ, "TRITON_INTERPRET": "1"}
+    run = subprocess.run([sys.executable, "-c", _REFUSED_BY_THE_DRIVER.format(tests=str(Path(__file__).parent))],
+                         env=env, capture_output=True, text=True, timeout=600)
+    assert run.returncode == 0 and "fallback ok" in run.stdout, run.stderr[-3000:]
+    assert "the driver's launch of the steering kernel failed" in run.stderr
+
+
 def _gated_case(seed=5):
     """Probe row 2 on layer-position 0 records gate 1; layer-position 1 adds row 1 under gate 1;
     layer-position 0 also ablates row 1 under the same gate (a gate on its own probe layer)."""
