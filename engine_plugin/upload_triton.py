@@ -25,6 +25,7 @@ microseconds, the GIL kept), where it can be; else by Triton.
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Callable
 
 import numpy as np
@@ -32,6 +33,8 @@ import triton
 import triton.language as tl
 
 from . import driver_launch
+
+log = logging.getLogger("vllm.hotwire")
 
 BLOCK = 1024  # words a program moves per iteration
 
@@ -56,13 +59,23 @@ def launch(desc: int, segments: int) -> None:
 def launcher(desc: int, device: int) -> Callable[[int, int], None]:
     """Compile the kernel for CUDA device ``device`` (the current one) by one launch of the
     descriptors at ``desc`` (one segment), and return how to launch it from then on, as
-    :func:`launch` is called."""
+    :func:`launch` is called: by the driver, or by Triton where the driver cannot, and for good
+    once the driver has refused a launch (logged once)."""
     fast = driver_launch.launcher(_gather[(1,)](desc, BLOCK=BLOCK), (driver_launch.WORD,), device)
     if fast is None:
         return launch
 
     def launch_by_driver(desc: int, segments: int) -> None:
-        fast(segments, desc)
+        nonlocal fast
+        if fast is not None:
+            try:
+                fast(segments, desc)
+                return
+            except RuntimeError as e:
+                log.error("hotwire: the driver's launch of the upload kernel failed (%s); Triton launches it "
+                          "from now on", e)
+                fast = None
+        launch(desc, segments)
 
     return launch_by_driver
 
