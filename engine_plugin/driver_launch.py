@@ -15,7 +15,8 @@ Contract: :func:`launcher` takes what Triton's launch returned (its compiled ker
 of each of its leading parameters (``WORD``: an int64 value or a device address; ``HALF``: an
 int32 value), and gives ``launch(grid, *words)``, which enqueues the kernel on the current stream
 of the device it was compiled for with ``grid`` programs and ``words`` (non-negative integers) as
-those parameters; or None where it cannot say so exactly, and the caller keeps Triton's launch:
+those parameters and says whether the driver took it (a refusal is logged; the caller falls back
+to Triton's launch for good); or None where it cannot say so exactly, and the caller keeps Triton's launch:
 the kernel needs scratch memory, a cluster, a cooperative or programmatic launch, its parameters
 are not the sizes given (Triton specialised one away, or widened it), the host is not
 little-endian, or the driver lacks ``cuFuncGetParamInfo`` (CUDA 12.4). The parameters past
@@ -87,9 +88,12 @@ def _unsupported(meta: Any) -> str | None:
 
 class DriverLaunch:
     """``launch(grid, *words)``: ``grid`` programs of the compiled kernel, ``words`` its first
-    parameters, on the current stream; one ``cuLaunchKernel``, no Python beyond this call."""
+    parameters, on the current stream; one ``cuLaunchKernel``, no Python beyond this call. True
+    when the kernel is enqueued; False, said in the log, where the driver refused it: the caller
+    then launches it by Triton, and does so from then on (a refusal is not retried)."""
 
-    def __init__(self, cuda: ctypes.PyDLL, function: int, threads: int, shared: int, params: int, device: int):
+    def __init__(self, cuda: ctypes.PyDLL, function: int, threads: int, shared: int, params: int, device: int,
+                 name: str):
         self._launch, self._function, self._threads, self._shared = cuda.cuLaunchKernel, function, threads, shared
         self._device, self._stream = device, torch._C._cuda_getCurrentRawStream
         # each parameter's value in an 8-byte slot; the driver reads a HALF parameter's first four
@@ -97,16 +101,18 @@ class DriverLaunch:
         self._words = (ctypes.c_uint64 * params)()
         self._pointers = (ctypes.c_void_p * params)(*(ctypes.addressof(self._words) + WORD * i for i in range(params)))
         self._at = ctypes.addressof(self._pointers)
-        self._name = cuda.cuGetErrorName
+        self._error_name, self._name = cuda.cuGetErrorName, name
 
-    def __call__(self, grid: int, *words: int) -> None:
+    def __call__(self, grid: int, *words: int) -> bool:
         self._words[:len(words)] = words
         rc = self._launch(self._function, grid, 1, 1, self._threads, 1, 1, self._shared,
                           self._stream(self._device), self._at, None)
         if rc != 0:
-            name = ctypes.c_char_p()
-            self._name(rc, ctypes.byref(name))
-            raise RuntimeError(f"hotwire: cuLaunchKernel failed: {name.value.decode() if name.value else rc}")
+            error = ctypes.c_char_p()
+            self._error_name(rc, ctypes.byref(error))
+            log.error("hotwire: the CUDA driver refused to launch %s (%s); Triton launches it from now on",
+                      self._name, error.value.decode() if error.value else rc)
+        return rc == 0
 
 
 def launcher(compiled: Any, words: tuple[int, ...], device: int) -> Callable[..., None] | None:
@@ -128,4 +134,5 @@ def launcher(compiled: Any, words: tuple[int, ...], device: int) -> Callable[...
         log.info("hotwire: Triton launches %s (%s)", getattr(compiled, "name", "a kernel"), why)
         return None
     threads = int(meta.num_warps) * int(getattr(meta, "warp_size", 32))
-    return DriverLaunch(cuda, function, threads, int(meta.shared), len(sizes), device)
+    return DriverLaunch(cuda, function, threads, int(meta.shared), len(sizes), device,
+                        getattr(compiled, "name", "a kernel"))

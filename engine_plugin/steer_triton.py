@@ -17,7 +17,6 @@ terms are clamped to float32's finite range and its sum saturated to the output 
 from __future__ import annotations
 
 import functools
-import logging
 
 import torch
 import triton
@@ -26,7 +25,6 @@ import triton.language as tl
 from . import driver_launch
 from . import interventions as iv
 
-log = logging.getLogger("vllm.hotwire")
 
 # the route-table layout, as constants the kernel may read
 ROW, POS_LO, POS_HI, MODE, COEF, CLAMP_LO, CLAMP_HI, GATE, WORDS = (
@@ -169,13 +167,9 @@ def launch(x: torch.Tensor, residual: torch.Tensor | None, positions: torch.Tens
            x.device.index)
     fast = _LAUNCHES.get(key, _UNTRIED) if aligned else None
     if fast is not None and fast is not _UNTRIED:
-        try:
-            fast(n, *words)
+        if fast(n, *words):
             return
-        except RuntimeError as e:  # the driver refused the launch: Triton's, from now on
-            log.error("hotwire: the driver's launch of the steering kernel failed (%s); Triton launches it "
-                      "from now on", e)
-            _LAUNCHES[key] = None
+        _LAUNCHES[key] = None  # the driver refused it (logged): Triton's launch, from now on
     compiled = _steer[(n,)](x, res, positions, bank, route, strides[0], tok_row, gates, counts, decided,
                             **_constants(x.dtype, h, route.shape[1], residual is not None,
                                          None if scratch is None else gates.shape[-1]))

@@ -25,7 +25,6 @@ microseconds, the GIL kept), where it can be; else by Triton.
 
 from __future__ import annotations
 
-import logging
 from collections.abc import Callable
 
 import numpy as np
@@ -34,7 +33,6 @@ import triton.language as tl
 
 from . import driver_launch
 
-log = logging.getLogger("vllm.hotwire")
 
 BLOCK = 1024  # words a program moves per iteration
 
@@ -67,15 +65,9 @@ def launcher(desc: int, device: int) -> Callable[[int, int], None]:
 
     def launch_by_driver(desc: int, segments: int) -> None:
         nonlocal fast
-        if fast is not None:
-            try:
-                fast(segments, desc)
-                return
-            except RuntimeError as e:
-                log.error("hotwire: the driver's launch of the upload kernel failed (%s); Triton launches it "
-                          "from now on", e)
-                fast = None
-        launch(desc, segments)
+        if fast is None or not fast(segments, desc):  # refused by the driver (logged): Triton's, from now on
+            fast = None
+            launch(desc, segments)
 
     return launch_by_driver
 

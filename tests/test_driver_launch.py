@@ -22,8 +22,8 @@ class Driver:
     """``cuFuncGetParamInfo`` answering ``sizes``; ``cuLaunchKernel`` recording the grid, the
     block and each parameter's value as the driver would read it."""
 
-    def __init__(self, sizes: tuple[int, ...]):
-        self.sizes, self.launches = sizes, []
+    def __init__(self, sizes: tuple[int, ...], rc: int = 0):
+        self.sizes, self.launches, self.rc = sizes, [], rc
 
     def cuFuncGetParamInfo(self, function, index, offset, size):
         if index >= len(self.sizes):
@@ -35,9 +35,10 @@ class Driver:
         at = (ctypes.c_void_p * len(self.sizes)).from_address(params)
         values = [int.from_bytes(ctypes.string_at(at[i], n), "little") for i, n in enumerate(self.sizes)]
         self.launches.append(dict(grid=(gx, gy, gz), block=(bx, by, bz), shared=shared, values=values))
-        return 0
+        return self.rc
 
     def cuGetErrorName(self, rc, name):
+        name._obj.value = b"CUDA_ERROR_INVALID_VALUE" if rc == 1 else None
         return 0
 
 
@@ -46,8 +47,8 @@ def _compiled(num_warps=4, **meta):
                                                                                    **meta))
 
 
-def _launcher(monkeypatch, sizes, words, compiled=None):
-    driver = Driver(sizes)
+def _launcher(monkeypatch, sizes, words, compiled=None, rc=0):
+    driver = Driver(sizes, rc)
     monkeypatch.setattr(driver_launch, "_driver", lambda: driver)
     # torch's current stream, which a CPU build lacks; the stand-in ignores it
     monkeypatch.setattr(torch._C, "_cuda_getCurrentRawStream", lambda device: 0, raising=False)
@@ -58,11 +59,21 @@ def test_a_kernel_reads_each_word_at_its_size(monkeypatch):
     words = (WORD, WORD, HALF, WORD)
     driver, fast = _launcher(monkeypatch, words + SCRATCH, words)
     assert isinstance(fast, driver_launch.DriverLaunch)
-    fast(7, 2**40 + 16, 32, 3 * 4 * 8, 2**33)
-    fast(300, 48, 2**47, 40, 16)  # every slot written again
+    assert fast(7, 2**40 + 16, 32, 3 * 4 * 8, 2**33)
+    assert fast(300, 48, 2**47, 40, 16)  # every slot written again
     assert [d["values"] for d in driver.launches] == [[2**40 + 16, 32, 96, 2**33, 0, 0], [48, 2**47, 40, 16, 0, 0]]
     assert [d["grid"] for d in driver.launches] == [(7, 1, 1), (300, 1, 1)]
     assert driver.launches[0]["block"] == (128, 1, 1) and driver.launches[0]["shared"] == 64
+
+
+def test_a_launch_the_driver_refuses_is_said_and_reported_to_the_caller(monkeypatch, caplog):
+    """A refused launch must not raise into vLLM's forward: the caller is told (False) and falls
+    back to Triton's launch; the log names the kernel and the driver's error."""
+    driver, fast = _launcher(monkeypatch, (WORD,) + SCRATCH, (WORD,), rc=1)
+    with caplog.at_level("ERROR", logger="vllm.hotwire"):
+        assert fast(3, 64) is False
+    assert len(driver.launches) == 1
+    assert "refused to launch kernel (CUDA_ERROR_INVALID_VALUE)" in caplog.text
 
 
 @pytest.mark.parametrize("sizes,why", [

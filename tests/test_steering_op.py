@@ -698,11 +698,15 @@ from test_steering_op import _random_tables, reference
 from hotwire.engine_plugin import driver_launch, steer_triton
 
 
-def refused(grid, *words):
-    raise RuntimeError("hotwire: cuLaunchKernel failed: CUDA_ERROR_INVALID_VALUE")
+tries = []
 
 
-driver_launch.launcher = lambda compiled, sizes, device: refused  # a launch the driver then refuses
+def refused(grid, *words):  # what a DriverLaunch says of a launch the driver refused
+    tries.append(grid)
+    return False
+
+
+driver_launch.launcher = lambda compiled, sizes, device: refused
 x, res, pos, bank, route = _random_tables(7, 64, torch.float32, "cpu", seed=7)
 tok = torch.arange(7, dtype=torch.int32)
 want = reference(x, res, pos, bank, route[:, 0])
@@ -711,14 +715,15 @@ for _ in range(3):  # Triton's launch; the driver's, refused, then Triton's; Tri
     steer_triton.launch(got, res, pos, bank, route[:, 0], tok)
     torch.testing.assert_close(got, want)
 assert list(steer_triton._LAUNCHES.values()) == [None], steer_triton._LAUNCHES
+assert tries == [7], tries  # the driver was asked once
 print("fallback ok")
 """
 
 
 def test_a_launch_the_driver_refuses_falls_back_to_triton_for_good():
     """A driver error on the steering kernel's launch must not take the engine down when Triton
-    can launch it: the call steers all the same, said once in the log, and Triton launches that
-    specialisation from then on. (Triton's interpreter stands in for the GPU.)"""
+    can launch it: the call steers all the same, and Triton launches that specialisation from then
+    on (the driver is not asked again). (Triton's interpreter stands in for the GPU.)"""
     import subprocess
     import sys
 
@@ -727,7 +732,6 @@ def test_a_launch_the_driver_refuses_falls_back_to_triton_for_good():
     run = subprocess.run([sys.executable, "-c", _REFUSED_BY_THE_DRIVER.format(tests=str(Path(__file__).parent))],
                          env=env, capture_output=True, text=True, timeout=600)
     assert run.returncode == 0 and "fallback ok" in run.stdout, run.stderr[-3000:]
-    assert "the driver's launch of the steering kernel failed" in run.stderr
 
 
 def _gated_case(seed=5):

@@ -47,11 +47,15 @@ import numpy as np
 from hotwire.engine_plugin import driver_launch, upload_triton
 
 
-def refused(grid, *words):
-    raise RuntimeError("hotwire: cuLaunchKernel failed: CUDA_ERROR_INVALID_VALUE")
+tries = []
 
 
-driver_launch.launcher = lambda compiled, sizes, device: refused  # a launch the driver then refuses
+def refused(grid, *words):  # what a DriverLaunch says of a launch the driver refused
+    tries.append(grid)
+    return False
+
+
+driver_launch.launcher = lambda compiled, sizes, device: refused
 memory = np.concatenate([np.arange(1, 101, dtype=np.int32), np.zeros(100, np.int32)])
 base = memory.ctypes.data
 desc = np.array([(base + 400, base, 100)], dtype=np.int64)  # memory[100:200] = memory[0:100]
@@ -61,19 +65,20 @@ for _ in range(2):  # the driver's, refused, then Triton's; Triton's
     memory[100:] = 0
     launch(desc.ctypes.data, 1)
     assert (memory[100:] == memory[:100]).all()
+assert tries == [1], tries  # the driver was asked once
 print("fallback ok")
 """
 
 
 def test_an_upload_the_driver_refuses_falls_back_to_triton_for_good():
     """A driver error on the upload kernel's launch must not take the engine down: the upload is
-    made by Triton, said once in the log (Triton's interpreter stands in for the GPU)."""
+    made by Triton, and so is every later one (the driver is not asked again; Triton's
+    interpreter stands in for the GPU)."""
     pytest.importorskip("triton")
     run = subprocess.run([sys.executable, "-c", _REFUSED_BY_THE_DRIVER.format(tests=str(Path(__file__).parent))],
                          env={**__import__("os").environ, "TRITON_INTERPRET": "1"}, capture_output=True, text=True,
                          timeout=600)
     assert run.returncode == 0 and "fallback ok" in run.stdout, run.stderr[-3000:]
-    assert run.stderr.count("the driver's launch of the upload kernel failed") == 1
 
 
 def test_the_upload_kernel_moves_each_span_as_its_reference_does_in_the_interpreter():
