@@ -52,10 +52,13 @@
 #                                           # two engines of one kind differ, in one call);
 #                                           # each compared with its round's latest plugin-free
 #                                           # engine; files fc-KIND-ROUND-N.json, N its place in the round
-#   bash benchmarks/h200.sh steered OUTDIR  # what steering half the requests costs served (0.6B, 256 in
-#                                           # flight), two servers only (plugin-free, hotwire): under MPS,
-#                                           # then taking turns on the GPU (~8.5 min; session 28 saw 0.76
-#                                           # with four servers on one GPU, where the GPU was the bottleneck)
+#   bash benchmarks/h200.sh steered OUTDIR [SHAPE [C]]  # what steering half the requests costs served
+#                                           # (default 0.6B, 256 in flight), two servers only (plugin-free,
+#                                           # hotwire; at qwen3-8b also hotwire armed on the two steered
+#                                           # layers): under MPS, then taking turns on the GPU by time
+#                                           # slices (~8.5 min; session 28 saw 0.76 with four servers on one
+#                                           # GPU, where the GPU was the bottleneck; session 33 saw 8B at 64
+#                                           # lose 4.4 % under MPS)
 #   bash benchmarks/h200.sh pair   OUTDIR   # two GPUs: TP=2 and PP=2 servers with runtime registration
 #                                           # (tests/test_e2e_parallel.py as deployed: bf16, graphs on)
 #   bash benchmarks/h200.sh all    OUTDIR   # the four stages one after another (0.6B, 4B, 8B; 64, 256 in
@@ -86,7 +89,10 @@ checks() {
     --basetemp /tmp/pt-op -p no:cacheprovider -rA
   job gpu-v2 python3 -m pytest -m gpu tests/test_gpu.py -k v2 --basetemp /tmp/pt-gpu-v2 -p no:cacheprovider -rA
   job gpu-v1 python3 -m pytest -m gpu tests/test_gpu.py -k v1 --basetemp /tmp/pt-gpu-v1 -p no:cacheprovider -rA
-  # batch-invariant kernels: the e2e tests compare a request in flight with the same request alone
+  # batch-invariant kernels: the e2e tests compare a request in flight with the same request alone.
+  # The control API's uploads need python-multipart, which the offline vLLM bundle lacks (carry it)
+  python3 -c "import python_multipart" 2>/dev/null \
+    || echo "no python-multipart here: the e2e uploads will fail (carry its wheel, docs/h200-runs.md)" >&2
   job e2e env HOTWIRE_E2E_GPU=1 VLLM_BATCH_INVARIANT=1 python3 -m pytest tests/test_e2e_serve.py tests/test_e2e_attacks.py \
     --basetemp /tmp/pt-e2e -p no:cacheprovider -rA
   # control: two plugin-free engines on the e2e model (hidden 128), each compiling cold
@@ -154,12 +160,14 @@ serve() {  # serve [CONCURRENCY...]: host work, the profile (~3 min), served tok
   wait
 }
 
-steered() {  # steered: plugin-free and hotwire (half the requests steered) alone on the GPU, with MPS and without
-  local mps
+steered() {  # steered [SHAPE [C]]: plugin-free and hotwire (half the requests steered) alone on the GPU, under MPS
+             # and then sharing it by time slices; at 8B also hotwire armed on the two steered layers only
+  local mps shape=${1:-qwen3-0.6b} c=${2:-256} servers=(plugin_free hotwire)
+  [ "$shape" = qwen3-8b ] && servers=(plugin_free hotwire_2 hotwire)
   for mps in --mps ""; do
-    job "steered${mps:+-mps}" python3 benchmarks/serve_throughput.py --simultaneous $mps --shape qwen3-0.6b \
-      --concurrency 256 --budget-s 240 --servers plugin_free hotwire --rotate-cores 2 \
-      --out "$out/steered${mps:+-mps}-qwen3-0.6b-c256.json"
+    job "steered${mps:+-mps}-$shape-c$c" python3 benchmarks/serve_throughput.py --simultaneous $mps --shape "$shape" \
+      --concurrency "$c" --budget-s 240 --servers "${servers[@]}" --rotate-cores "${#servers[@]}" --step-phases \
+      --out "$out/steered${mps:+-mps}-$shape-c$c.json"
     wait
   done
 }
