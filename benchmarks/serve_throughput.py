@@ -143,7 +143,11 @@ to delay plugin-free one for one (the switches between the processes' contexts n
 step would lengthen by at most ~54 µs per ~20 ms hotwire step: the ratio overstates hotwire by at
 most ~0.3 % (at 64 in flight, 50 µs per ~8.7 ms step: ~0.6 %). ``plugin_free_2``'s ratio shows
 any asymmetry of placement (cores, read order), not this transfer, which slows both plugin-free
-servers alike.
+servers alike. Under MPS the servers' kernels also share the SMs at once, which may bias the
+other way: each extra kernel boundary in hotwire's stream (one op kernel per armed layer) lets a
+neighbour's kernels take the SMs first, at a cost growing with their length (8B GEMMs; a
+hypothesis from session 33's 8B run, docs/performance.md). ``h200.sh steered`` runs the same
+servers under MPS and then sharing the GPU by time slices.
 
 The JSON (``--out``) is rewritten after every round (window), so a time-out keeps what was
 measured. Run time: start-up (~2 min at 0.6B on the H200, the servers in parallel; ~2-2.5 min for
