@@ -16,10 +16,10 @@ of each of its leading parameters (``WORD``: an int64 value or a device address;
 int32 value), and gives ``launch(grid, *words)``, which enqueues the kernel on the current stream
 of the device it was compiled for with ``grid`` programs and ``words`` (non-negative integers) as
 those parameters and says whether the driver took it (a refusal is logged; the caller falls back
-to Triton's launch for good); or None where it cannot say so exactly, and the caller keeps Triton's launch:
-the kernel needs scratch memory, a cluster, a cooperative or programmatic launch, its parameters
-are not the sizes given (Triton specialised one away, or widened it), the host is not
-little-endian, or the driver lacks ``cuFuncGetParamInfo`` (CUDA 12.4). The parameters past
+to Triton's launch for good); or None where it cannot say so exactly, and the caller keeps
+Triton's launch: the kernel needs scratch memory, a cluster, a cooperative or programmatic
+launch, its parameters are not the sizes given (Triton specialised one away, or widened it), the
+host is not little-endian, or the driver lacks ``cuFuncGetParamInfo`` (CUDA 12.4). The parameters past
 ``words`` are the scratch pointers Triton adds to every kernel, passed null as Triton passes them
 when the kernel needs no scratch. The caller owns the rest of what Triton's launch would check:
 a compiled kernel is one specialisation of its arguments (dtypes, constexprs, which integers and
