@@ -67,10 +67,11 @@ def test_hotwires_hooks_and_op_are_timed_where_the_process_has_them(monkeypatch)
         originals[name] = getattr(target, fn)
         monkeypatch.setattr(target, fn, originals[name])  # put back after the test
     step_phases._instrument_hotwire()
-    from hotwire.engine_plugin import core_sync, engine, steer_triton
+    from hotwire.engine_plugin import admission, core_sync, engine, routing, steer_triton
 
     wrapped = {"hotwire:core": core_sync.CoreSync.on_schedule, "hotwire:schedule": engine.Steerer.on_schedule,
-               "hotwire:batch": engine.Steerer.on_batch, "hotwire:op_launch": steer_triton.launch}
+               "hotwire:batch": engine.Steerer.on_batch, "hotwire:admit": admission.Admission.admit,
+               "hotwire:route": routing.Router.route, "hotwire:op_launch": steer_triton.launch}
     assert {name: fn.__wrapped__ for name, fn in wrapped.items()} == originals
     calls = step_phases._calls["hotwire:op_launch"]
     empty = torch.zeros(0, 4)

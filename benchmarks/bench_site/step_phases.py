@@ -28,6 +28,9 @@ Phases (each: wall and this thread's CPU ns, and calls; a phase inside another c
 ``hotwire:core``           where hotwire is loaded: its engine core's decision (inside ``schedule``)
 ``hotwire:schedule``       its rank's take of that decision (inside ``execute_model``)
 ``hotwire:batch``          its routing of the settled batch (inside ``prepare_inputs``)
+``hotwire:admit``          the core's admission of one arriving request (inside ``hotwire:core``;
+                           its calls a step: the arrivals)
+``hotwire:route``          the routing's token map and uploads (inside ``hotwire:batch``)
 ``hotwire:op_launch``      its op's kernel launched from Python (steps without a full graph), on the
                            layers the step steers (the calls on the rest, one per armed layer, are
                            left untimed: timing each would add its clock reads to every such step)
@@ -244,6 +247,8 @@ HOTWIRE = {  # phase -> (module, owner in it or None for the module itself, func
     "hotwire:core": ("hotwire.engine_plugin.core_sync", "CoreSync", "on_schedule"),
     "hotwire:schedule": ("hotwire.engine_plugin.engine", "Steerer", "on_schedule"),
     "hotwire:batch": ("hotwire.engine_plugin.engine", "Steerer", "on_batch"),
+    "hotwire:admit": ("hotwire.engine_plugin.admission", "Admission", "admit"),
+    "hotwire:route": ("hotwire.engine_plugin.routing", "Router", "route"),
     "hotwire:op_launch": ("hotwire.engine_plugin.steer_triton", None, "launch"),
 }
 
