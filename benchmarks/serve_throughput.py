@@ -527,9 +527,9 @@ def _markdown(rows: list[dict], names: list[str], simultaneous: bool) -> str:
     hot = [n for n in names if KINDS[n].plugin]
     if hot:
         out += ["", ("hotwire's host time per engine step (µs, medians over windows): all steps, steady steps, "
-                     "steps where requests came or went, per hook (engine core, rank's schedule, rank's batch "
-                     "routing); its share of the window and its heartbeat thread's CPU share (%); - : not "
-                     "published by this engine"), "",
+                     "steps where requests came or went (or the batch's requests changed), per hook (engine "
+                     "core, rank's schedule, rank's batch routing); its share of the window and its heartbeat "
+                     "thread's CPU share (%); - : not published by this engine"), "",
                 "| concurrency | server | all | steady | changed | core | schedule | batch | host % | heartbeat % |",
                 "|" + " --- |" * 10]
         for r in rows:

@@ -712,9 +712,10 @@ def window_row(a: dict, b: dict) -> dict:
 
 def host_stats(before: dict[str, int], after: dict[str, int], beat_s: float) -> dict:
     """hotwire's host time per engine step over a window, from its counters' deltas: all of it, on
-    steady steps (no request came or went) and on changed steps, per hook (the engine core's per-step
-    hook, a rank's ``on_schedule`` and its batch routing), and its heartbeat thread's CPU time as a
-    share of the window. Counters this engine does not publish are left out."""
+    steady steps (no request came or went, the batch's requests unchanged) and on changed steps,
+    per hook (the engine core's per-step hook, a rank's ``on_schedule`` and its batch routing), and
+    its heartbeat thread's CPU time as a share of the window. Counters this engine does not publish
+    are left out."""
     d = {k: after[k] - before[k] for k in STEP_TIME if k in after and k in before}
     steps = d["steps"]
 

@@ -182,6 +182,7 @@ class CoreSync:
         scheduler_output.hotwire = StepDecision(delta, tuple(admitted))  # every step: the ranks know the core decides
         ns, c = time.perf_counter_ns() - t, self.counters
         c.steps += 1
+        c.core_step_ns = ns
         c.host_ns += ns
         c.host_ns_core += ns
         if scheduler_output.finished_req_ids or scheduler_output.scheduled_new_reqs:

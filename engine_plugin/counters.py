@@ -1,6 +1,6 @@
 """What the engine counts: why requests ran unsteered (each counted; logged at most once per
-reason every :data:`REFUSAL_LOG_PERIOD_S`), and the host
-time its per-step work takes, by hook and apart for steps in which requests arrived or left;
+reason every :data:`REFUSAL_LOG_PERIOD_S`), and the host time its per-step work takes, by hook
+and apart for steps in which requests arrived or left (or the batch's requests changed);
 mirrored into the mailbox for the control API's metrics.
 
 One set per process (:func:`process_counters`): where a rank shares the engine core's process
@@ -34,6 +34,7 @@ class Counters:
         self._refusals_logged: dict[str, tuple[float, int]] = {}  # reason -> (last line, refusals since)
         for name in STEP_TIME:
             setattr(self, name, 0)
+        self.core_step_ns = 0  # the engine core's hook time at the current step (not published)
 
     def add(self, name: str, n: int = 1) -> None:
         self.counts[name] += n

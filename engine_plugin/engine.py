@@ -15,7 +15,7 @@ bank rows are written only on the runner's thread, never during CUDA-graph captu
 ``host_ns`` counter and their own (``hotwire_engine_host_seconds`` and
 ``hotwire_engine_hook_host_seconds`` in the control API's metrics when the rank shares the engine
 core's process, the one-GPU layout), and to ``host_ns_changed`` in steps in which requests arrived
-or left.
+or left, or the batch's requests changed (:meth:`Steerer.on_batch`).
 """
 
 from __future__ import annotations
@@ -50,6 +50,7 @@ class Steerer:
         self.router, self.tables, self.counters = router, tables, counters
         self._heard_core = False
         self._changed = False  # requests arrived or left at this step
+        self._step_ns = 0  # this rank's on_schedule time at this step
         self.warming = False  # vLLM's warm-up steps are running: no decision is due from the core
 
     # -- construction ---------------------------------------------------------------------------
@@ -128,20 +129,27 @@ class Steerer:
             for req_id, admitted in decision.admitted if decision is not None else ():
                 self.router.admit(req_id, admitted)
         ns, c = time.perf_counter_ns() - t, self.counters
+        self._step_ns = ns
         c.host_ns += ns
         c.host_ns_schedule += ns
         if self._changed:
             c.host_ns_changed += ns
 
     def on_batch(self, req_ids: list[str], num_tokens: np.ndarray) -> None:
+        """Route the settled batch. A batch whose requests changed in a step the scheduler reported
+        no arrival or finish counts as a changed step all the same: under async scheduling a
+        request at its ``max_tokens`` leaves the batch a step before it is reported finished."""
         t = time.perf_counter_ns()
-        self.router.route(req_ids, num_tokens)
+        moved = self.router.route(req_ids, num_tokens)
         idle_graphs.select(not self.router.steering)
         ns, c = time.perf_counter_ns() - t, self.counters
         c.host_ns += ns
         c.host_ns_batch += ns
         if self._changed:
             c.host_ns_changed += ns
+        elif moved:  # the step so far was counted steady: the core's hook and this rank's, then this
+            c.steps_changed += 1
+            c.host_ns_changed += c.core_step_ns + self._step_ns + ns
 
     def report_capture(self) -> None:
         """After vLLM's graph capture: what the graphs without the op cost (once per capture)."""

@@ -146,8 +146,10 @@ class Router:
         return spans
 
     # -- per step -----------------------------------------------------------------------------
-    def route(self, req_ids: Sequence[str], num_tokens: np.ndarray) -> None:
-        """Point each token of this step at its request's row (0 for unsteered requests).
+    def route(self, req_ids: Sequence[str], num_tokens: np.ndarray) -> bool:
+        """Point each token of this step at its request's row (0 for unsteered requests); True
+        where the batch's requests (or their order) changed since the last step, or requests
+        were admitted or finished since.
 
         Must run after vLLM has settled the batch for the step (order, adds, removals).
         A decode step of an unchanged batch costs two comparisons and nothing else; one whose
@@ -156,7 +158,7 @@ class Router:
         counts = np.asarray(num_tokens).tobytes()
         same = not self._dirty and req_ids == self._ids
         if same and counts == self._counts:
-            return
+            return False
         buf = self._ring.next() if self._staged else None
         spans = self._stage_rows(buf) if buf is not None else []
         self._counts, self._dirty = counts, False
@@ -184,3 +186,4 @@ class Router:
             self._tok = tok
         if spans:
             self._ring.copy(spans)
+        return not same

@@ -74,7 +74,8 @@ ENGINE_COUNTERS = (
           "shares the core's process"),
     _hook("batch", "the rank's on_batch (routing, graph choice), where it shares the core's "
           "process"),
-    EngineCounter("steps_changed", "Engine steps in which requests arrived or left",
+    EngineCounter("steps_changed", "Engine steps in which requests arrived or left, or the batch's "
+                  "requests changed",
                   "hotwire_engine_changed_steps", step_time=True),
     EngineCounter("host_ns_changed", "The part of hotwire_engine_host_seconds spent in those steps",
                   "hotwire_engine_changed_host_seconds", seconds=True, step_time=True),

@@ -331,3 +331,24 @@ def test_buffer_fills_write_exactly_their_span():
     assert buf[:2].tolist() == [0, 1] and not buf[2: n + 2].any() and buf[n + 2:].tolist() == [n + 2, n + 3]
     staging.put(buf, 1, np.array([7, 8, 9], dtype=np.int32))
     assert buf[:5].tolist() == [0, 7, 8, 9, 0]
+
+
+def test_a_batch_that_lost_a_request_before_its_finish_was_reported_is_a_changed_step(rig):
+    """Under async scheduling a request at its ``max_tokens`` leaves the batch a step before the
+    scheduler reports it finished: that step rebuilds the routing, so its host time is a changed
+    step's (``steps_changed``, ``host_ns_changed``), not a steady one's."""
+    c = rig.rank.counters = rig.counters  # one process: the core's and the rank's counters are one
+    rig.control.write(0, "v", ANY_LAYER, np.ones(H, np.float32), gen=1)
+
+    def step(batch, counts, **changes):
+        rig.step(**changes)
+        rig.rank.on_batch(batch, np.array(counts))
+        return c.steps_changed, c.host_ns - c.host_ns_changed  # changed steps, steady host time
+
+    step(["a", "b"], [3, 2], new=[("a", _spec({"id": "v", "layer": 1}), 3), ("b", None, 2)])
+    step(["a", "b"], [1, 1])  # the step after the prefills: counts only
+    changed, steady = step(["a", "b"], [1, 1])  # steady
+    assert (changed, c.steps) == (1, 3)
+    assert step(["a"], [1]) == (2, steady)  # b left unreported: the whole step is a changed one
+    assert step(["a"], [1], finished={"b"})[0] == 3  # reported a step later
+    assert step(["a"], [1])[0] == 3
