@@ -19,9 +19,9 @@ those parameters and says whether the driver took it (a refusal is logged; the c
 to Triton's launch for good); or None where it cannot say so exactly, and the caller keeps
 Triton's launch: the kernel needs scratch memory, a cluster, a cooperative or programmatic
 launch, its parameters are not the sizes given (Triton specialised one away, or widened it), the
-host is not little-endian, or the driver lacks ``cuFuncGetParamInfo`` (CUDA 12.4). The parameters past
-``words`` are the scratch pointers Triton adds to every kernel, passed null as Triton passes them
-when the kernel needs no scratch. The caller owns the rest of what Triton's launch would check:
+host is not little-endian, or the driver lacks ``cuFuncGetParamInfo`` (CUDA 12.4). The
+parameters past ``words`` are the scratch pointers Triton adds to every kernel, passed null as
+Triton passes them when the kernel needs no scratch. The caller owns the rest of what Triton's launch would check:
 a compiled kernel is one specialisation of its arguments (dtypes, constexprs, which integers and
 addresses are multiples of 16), so it is launched again only with arguments of that same
 specialisation (:func:`.steer_triton.launch`).
@@ -115,7 +115,7 @@ class DriverLaunch:
         return rc == 0
 
 
-def launcher(compiled: Any, words: tuple[int, ...], device: int) -> Callable[..., None] | None:
+def launcher(compiled: Any, words: tuple[int, ...], device: int) -> Callable[..., bool] | None:
     """How to launch ``compiled`` (what Triton's launch on CUDA device ``device`` returned) again
     with leading parameters of ``words`` bytes each (``WORD`` or ``HALF``): a
     :class:`DriverLaunch`, or None (Triton's launch stays; said in the log at info: it is slower,
