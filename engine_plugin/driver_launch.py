@@ -21,10 +21,10 @@ Triton's launch: the kernel needs scratch memory, a cluster, a cooperative or pr
 launch, its parameters are not the sizes given (Triton specialised one away, or widened it), the
 host is not little-endian, or the driver lacks ``cuFuncGetParamInfo`` (CUDA 12.4). The
 parameters past ``words`` are the scratch pointers Triton adds to every kernel, passed null as
-Triton passes them when the kernel needs no scratch. The caller owns the rest of what Triton's launch would check:
-a compiled kernel is one specialisation of its arguments (dtypes, constexprs, which integers and
-addresses are multiples of 16), so it is launched again only with arguments of that same
-specialisation (:func:`.steer_triton.launch`).
+Triton passes them when the kernel needs no scratch. The caller owns the rest of what Triton's
+launch would check: a compiled kernel is one specialisation of its arguments (dtypes, constexprs,
+which integers and addresses are multiples of 16), so it is launched again only with arguments of
+that same specialisation (:func:`.steer_triton.launch`).
 """
 
 from __future__ import annotations
