@@ -122,6 +122,7 @@ def launcher(compiled: Any, words: tuple[int, ...], device: int) -> Callable[...
     not wrong)."""
     cuda = _driver()
     function, meta = getattr(compiled, "function", None), getattr(compiled, "metadata", None)
+    name = getattr(compiled, "name", "a kernel")
     if cuda is None or not function or meta is None:  # no driver, or Triton's interpreter
         return None
     why = _unsupported(meta)
@@ -131,8 +132,7 @@ def launcher(compiled: Any, words: tuple[int, ...], device: int) -> Callable[...
     if why is None and sys.byteorder != "little" and HALF in words:
         why = "a big-endian host"
     if why is not None:
-        log.info("hotwire: Triton launches %s (%s)", getattr(compiled, "name", "a kernel"), why)
+        log.info("hotwire: Triton launches %s (%s)", name, why)
         return None
     threads = int(meta.num_warps) * int(getattr(meta, "warp_size", 32))
-    return DriverLaunch(cuda, function, threads, int(meta.shared), len(sizes), device,
-                        getattr(compiled, "name", "a kernel"))
+    return DriverLaunch(cuda, function, threads, int(meta.shared), len(sizes), device, name)

@@ -695,18 +695,10 @@ _REFUSED_BY_THE_DRIVER = """
 import sys, torch
 sys.path.insert(0, {tests!r})
 from test_steering_op import _random_tables, reference
-from hotwire.engine_plugin import driver_launch, steer_triton
+from refused_launch import refuse_every_launch
+from hotwire.engine_plugin import steer_triton
 
-
-tries = []
-
-
-def refused(grid, *words):  # what a DriverLaunch says of a launch the driver refused
-    tries.append(grid)
-    return False
-
-
-driver_launch.launcher = lambda compiled, sizes, device: refused
+tries = refuse_every_launch()
 x, res, pos, bank, route = _random_tables(7, 64, torch.float32, "cpu", seed=7)
 tok = torch.arange(7, dtype=torch.int32)
 want = reference(x, res, pos, bank, route[:, 0])

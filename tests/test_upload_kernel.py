@@ -44,18 +44,10 @@ _REFUSED_BY_THE_DRIVER = """
 import sys
 sys.path.insert(0, {tests!r})
 import numpy as np
-from hotwire.engine_plugin import driver_launch, upload_triton
+from refused_launch import refuse_every_launch
+from hotwire.engine_plugin import upload_triton
 
-
-tries = []
-
-
-def refused(grid, *words):  # what a DriverLaunch says of a launch the driver refused
-    tries.append(grid)
-    return False
-
-
-driver_launch.launcher = lambda compiled, sizes, device: refused
+tries = refuse_every_launch()
 memory = np.concatenate([np.arange(1, 101, dtype=np.int32), np.zeros(100, np.int32)])
 base = memory.ctypes.data
 desc = np.array([(base + 400, base, 100)], dtype=np.int64)  # memory[100:200] = memory[0:100]
