@@ -25,7 +25,7 @@ from .registry import Registry
 from .stream_bound import Change, StreamBudget, change
 
 
-# Resolutions kept (Admission._resolve_seen); all dropped when full. Each is about 5 objects Python's
+# Resolutions kept (Admission._resolve_seen); the oldest dropped when full. Each is about 5 objects Python's
 # collector walks in every full collection of the engine core (``Term`` is a tuple subclass, which
 # the collector never untracks; measured on CPU): 4,096 of them would be about 20,000, where vLLM's
 # frozen start-up heap leaves only what was made since to collect. Clients and presets repeat far
@@ -131,6 +131,22 @@ class Admission:
             self.counters.add("steered_requests")
         return admitted
 
+    def prepare(self, extra_args: dict[str, Any] | None, prompt_len: int) -> None:
+        """Resolve a request's spec ahead of its :meth:`admit`, kept as :meth:`_resolve_seen` keeps
+        it: the engine core's input thread calls this as vLLM makes the request (:mod:`.arrival`),
+        so the step that admits it finds it resolved unless a slot binding changed in between. A
+        spec that does not resolve is left to :meth:`admit`, which refuses it and counts why.
+        Takes the same lock as :meth:`admit` (the caller's: :meth:`.core_sync.CoreSync.prepare`)."""
+        raw = spec_from_extra_args(extra_args)
+        if raw is None:
+            return
+        try:
+            entries = parse_spec(raw)
+            if entries:
+                self._resolve_seen(entries, prompt_len)
+        except SpecError:
+            pass
+
     def finish(self, req_ids: Iterable[str]) -> list[str]:
         """Release finished requests; returns those that were steered."""
         gone = []
@@ -145,15 +161,16 @@ class Admission:
     def _resolve_seen(self, spec: Spec, prompt_len: int) -> tuple[tuple[Term, ...], tuple[int, ...]]:
         """:meth:`_resolve`, kept per spec (and per prompt length for a spec whose tokens depend
         on it) until a slot binding changes: what a resolution reads besides the spec (the armed
-        layers, the budget) is fixed, and requests of one preset or client send the same spec.
-        Refusals are not kept."""
+        layers, the budget) is fixed, requests of one preset or client send the same spec, and a
+        spec resolved as its request arrived (:meth:`prepare`) is found here at its step. Refusals
+        are not kept."""
         key = (spec.form, prompt_len if spec.relative_to_prompt else -1)
         kept = self._resolved.get(key)
         if kept is not None and kept[0] == self.registry.binding_changes:
             return kept[1]
         resolved = self._resolve(spec, prompt_len)
-        if len(self._resolved) >= RESOLVED_KEPT:
-            self._resolved.clear()
+        if len(self._resolved) >= RESOLVED_KEPT:  # the oldest: not one resolved ahead a moment ago
+            del self._resolved[next(iter(self._resolved))]
         self._resolved[key] = (self.registry.binding_changes, resolved)
         return resolved
 

@@ -44,7 +44,7 @@ import numpy as np
 from hotwire.shared.mailbox import (ACTIVE, ANY_LAYER, HEARTBEAT_S, EngineMailbox, Fingerprint,
                                     MailboxError, SlotEntry, dp_mailbox_path)
 
-from . import salts, startup
+from . import arrival, salts, startup
 from .admission import Admission, Admitted, request_args
 from .config import HotwireConfig
 from .counters import Counters, process_counters
@@ -119,6 +119,7 @@ class CoreSync:
         counters.mailbox = box
         sync = cls(box, pending, registry, admission, counters)
         salts.use_versions(lambda: sync.versions)
+        arrival.use_core(sync.prepare)
         if box is not None:
             sync._thread.start()
         par = vllm_config.parallel_config
@@ -188,6 +189,12 @@ class CoreSync:
         if scheduler_output.finished_req_ids or scheduler_output.scheduled_new_reqs:
             c.steps_changed += 1
             c.host_ns_changed += ns
+
+    def prepare(self, extra_args: dict[str, Any], prompt_len: int) -> None:
+        """A steered request's spec resolved as vLLM makes the request (:mod:`.arrival`: on the
+        input thread, while the step thread waits on the model), for its step to find."""
+        with self.lock:
+            self.admission.prepare(extra_args, prompt_len)
 
     # -- the mailbox (its thread) -----------------------------------------------------------------
     def poll(self, beat: bool = False) -> None:

@@ -20,7 +20,7 @@ from collections.abc import Callable
 from types import ModuleType
 from typing import Any
 
-from . import idle_graphs, salts, staging
+from . import arrival, idle_graphs, salts, staging
 from .core_sync import CoreSync
 from .engine import Steerer
 
@@ -264,7 +264,7 @@ TARGETS: dict[str, Callable[[ModuleType], None]] = {
     "vllm.v1.worker.gpu_worker": _patch_gpu_worker,
     "vllm.v1.worker.cpu_worker": _patch_cpu_worker,
     "vllm.v1.engine.core": _patch_core,
-    "vllm.v1.request": salts.patch_request,
+    "vllm.v1.request": arrival.patch_request,
     "vllm.config.vllm": salts.patch_config_hash,
     "fastapi.applications": _patch_fastapi,
 }

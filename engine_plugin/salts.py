@@ -9,14 +9,13 @@
   steered request's salt is extended with its canonical spec, the versions of the vectors it
   reads (as the engine's mailbox thread acked them) and, where its tokens are chosen relative to the prompt's end, the
   prompt's length: KV blocks are never shared between requests whose tokens there are steered
-  differently.
+  differently. It is added where vLLM makes the request (:mod:`.arrival`).
 """
 
 from __future__ import annotations
 
 import functools
 import hashlib
-import inspect
 import logging
 from collections.abc import Callable
 from importlib.metadata import PackageNotFoundError, version
@@ -24,9 +23,8 @@ from pathlib import Path
 from types import ModuleType
 from typing import Any
 
-from hotwire.shared.spec import SPEC_KEY, SpecError, cache_salt, parse_spec, spec_from_extra_args
+from hotwire.shared.spec import SpecError, cache_salt, parse_spec, spec_from_extra_args
 
-from .admission import prompt_length
 from .config import HotwireConfig
 
 log = logging.getLogger("vllm.hotwire")
@@ -116,61 +114,3 @@ def request_salt(sampling_params: Any, prompt_len: int) -> str | None:
     except SpecError:
         return None  # runs unsteered: may share blocks with unsteered requests
     return cache_salt(entries, _versions(), prompt_len) if entries else None
-
-
-def patch_request(module: ModuleType) -> None:
-    cls = module.Request
-    orig = cls.__init__
-    if getattr(orig, "__hotwire__", False):
-        return
-    sig = inspect.signature(orig)
-    if "cache_salt" not in sig.parameters or "sampling_params" not in sig.parameters:
-        log.error("hotwire: Request has no cache_salt/sampling_params; prefix caching is NOT "
-                  "isolated between steering configs — disable it (--no-enable-prefix-caching)")
-        return
-    call = _Arguments(sig)
-    # block hashes a frontend computed before the engine (vLLM 0.34+) ignore the salt added here:
-    # a salted request's are dropped, and the engine hashes its blocks again, salt included
-    prehashed = "block_hashes" in sig.parameters
-
-    def __init__(self, *args, **kwargs):
-        args = (self, *args)
-        sp = call.get("sampling_params", args, kwargs)
-        extra = getattr(sp, "extra_args", None)
-        if extra and SPEC_KEY in extra:  # an unsteered request costs this look only
-            prompt = {name: call.get(name, args, kwargs) for name in ("prompt_token_ids", "prompt_embeds")}
-            salt = request_salt(sp, prompt_length(prompt))
-            if salt is not None:
-                prior = call.get("cache_salt", args, kwargs)
-                args = call.set("cache_salt", f"{prior}|{salt}" if prior else salt, args, kwargs)
-                if prehashed and call.get("block_hashes", args, kwargs):
-                    args = call.set("block_hashes", None, args, kwargs)
-        orig(*args, **kwargs)
-
-    __init__.__hotwire__ = True
-    cls.__init__ = __init__
-
-
-class _Arguments:
-    """A function's named arguments, read and set in ``(args, kwargs)`` as the caller passed them:
-    ``Signature.bind`` on every request cost tens of microseconds on the engine core's input
-    thread, which shares the step thread's GIL."""
-
-    def __init__(self, sig: inspect.Signature):
-        positional = (inspect.Parameter.POSITIONAL_ONLY, inspect.Parameter.POSITIONAL_OR_KEYWORD)
-        self._index = {name: i for i, (name, p) in enumerate(sig.parameters.items()) if p.kind in positional}
-        self._default = {name: None if p.default is p.empty else p.default for name, p in sig.parameters.items()}
-
-    def get(self, name: str, args: tuple, kwargs: dict) -> Any:
-        if name in kwargs:
-            return kwargs[name]
-        i = self._index.get(name)
-        return args[i] if i is not None and i < len(args) else self._default.get(name)
-
-    def set(self, name: str, value: Any, args: tuple, kwargs: dict) -> tuple:
-        """``args`` with ``name`` set to ``value`` (or ``kwargs`` changed, where it goes there)."""
-        i = self._index.get(name)
-        if i is not None and i < len(args):
-            return (*args[:i], value, *args[i + 1:])
-        kwargs[name] = value
-        return args

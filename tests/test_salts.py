@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 import torch
 
-from hotwire.engine_plugin import salts
+from hotwire.engine_plugin import arrival, salts
 from hotwire.engine_plugin.admission import Admission
 from hotwire.engine_plugin.config import HotwireConfig
 from hotwire.engine_plugin.core_sync import CoreSync
@@ -86,7 +86,7 @@ def _request_module() -> ModuleType:
 
 def test_the_request_patch_salts_steered_requests_however_vllm_passes_the_arguments(monkeypatch):
     module = _request_module()
-    salts.patch_request(module)
+    arrival.patch_request(module)
     steered = SimpleNamespace(extra_args={"hotwire": SPEC})
     want = cache_salt(parse_spec(SPEC), {}, 3)
     by_name = module.Request(request_id="r", prompt_token_ids=[1, 2, 3], sampling_params=steered)
@@ -108,7 +108,7 @@ def test_a_salted_request_drops_block_hashes_computed_before_its_salt():
             self.cache_salt, self.block_hashes = cache_salt, block_hashes
 
     module.Request = Request
-    salts.patch_request(module)
+    arrival.patch_request(module)
     steered, plain = SimpleNamespace(extra_args={"hotwire": SPEC}), SimpleNamespace(extra_args=None)
     assert module.Request("r", [1, 2, 3], steered, block_hashes=[b"h0"]).block_hashes is None
     assert module.Request("r", [1, 2, 3], steered, None, [b"h0"]).block_hashes is None
