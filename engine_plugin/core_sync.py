@@ -17,6 +17,9 @@ references while a retirement waits on them (every :data:`POLL_S`), and keeps th
 3. send both to every rank with the step (:class:`.step_decision.StepDecision`, attribute
    ``hotwire`` of the ``SchedulerOutput``).
 
+A steered request's spec is resolved once already as vLLM makes the request, on its input thread
+(:meth:`CoreSync.prepare`, from :mod:`.arrival`), so that step 2 usually finds it resolved.
+
 The step thread makes no system call: measured in a served engine on the H200, a ``pread`` of
 the mailbox on every step and a ``pwrite`` on every step that changed the references made the
 step thread give up the GIL to vLLM's output thread and wait to get it back, tens to hundreds of
