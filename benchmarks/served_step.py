@@ -1,0 +1,133 @@
+"""hotwire's host work per served step, as a one-GPU engine does it, without vLLM.
+
+Why: ``host_overhead.py`` times each path alone, hot, and served steps cost 3-5 times that (session
+33: the core's hook 74 µs a step served at 256 in flight, its parts a few µs each on their own),
+because a served step finds hotwire's code and data evicted by ~20 ms of vLLM's own work. This
+replays the load ``serve_throughput.py`` sends (C requests in flight, half of them steered with a
+spec of their own: two adds on layers n/3 and 2n/3; ``max_tokens`` uniform in 64-192; a finished
+request replaced at once, its 128-token prompt in one step) through the real hooks: the engine
+core's ``CoreSync.on_schedule``, the rank's ``Steerer.on_schedule`` and ``Steerer.on_batch``
+(routing, and its upload on CUDA), and reports each one's median µs over steady steps (no request
+came or went) and changed ones, with the caches evicted before each step (``cold``: a 32 MiB
+array written) or not (``warm``), and with each spec resolved as its request arrived
+(``ahead``, :mod:`hotwire.engine_plugin.arrival`, done before the step as vLLM's input thread does
+it while the step thread waits) or at its step (``at_step``).
+
+    python benchmarks/served_step.py --out benchmarks/results/served-step.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import platform
+import random
+import statistics
+import time
+from pathlib import Path
+from types import SimpleNamespace
+
+import numpy as np
+import torch
+
+from hotwire.engine_plugin import salts
+from hotwire.engine_plugin.admission import Admission
+from hotwire.engine_plugin.core_sync import CoreSync
+from hotwire.engine_plugin.counters import Counters
+from hotwire.engine_plugin.delta import PendingDelta
+from hotwire.engine_plugin.engine import Steerer
+from hotwire.engine_plugin.registry import Registry
+from hotwire.engine_plugin.routing import Router
+from hotwire.engine_plugin.steering import ArmedModel, SteeringTables
+from hotwire.engine_plugin.stream_bound import StreamBudget
+from hotwire.shared.mailbox import ANY_LAYER
+
+LAYERS, HIDDEN, PROMPT = 28, 1024, 128  # Qwen3 0.6B shape
+HOOKS = ("core", "rank_schedule", "rank_batch")
+
+
+def run(concurrency: int, steps: int, cold: bool, ahead: bool, device: torch.device, seed: int = 0) -> dict:
+    """Median µs of each hook over steady and changed steps, after a warm-up of 200 steps."""
+    c = concurrency
+    tables = SteeringTables(slots=1024, hidden=HIDDEN, armed=LAYERS, requests=2 * c, entries=4, max_tokens=8192,
+                            dtype=torch.bfloat16, device=device)
+    registry = Registry(1024)
+    for s in range(c):
+        registry.bind(s, f"v{s}", ANY_LAYER, gen=1, absmax=1.0, norm=1.0)
+    counters = Counters()
+    admission = Admission(registry, armed=range(LAYERS), entries=4, requests=2 * c,
+                          budget=StreamBudget.of(torch.bfloat16), counters=counters)
+    core = CoreSync(None, PendingDelta(HIDDEN, torch.bfloat16), registry, admission, counters)
+    rank = Steerer(Router(ArmedModel(tables, tuple(range(LAYERS)))), tables, counters)
+    rng, made = random.Random(seed), [0]
+
+    def arrive() -> SimpleNamespace:
+        """A request as vLLM's input thread makes it: every other one steered, salted, resolved ahead."""
+        made[0] += 1
+        n, extra = made[0], None
+        if n % 2:
+            extra = {"hotwire": json.dumps([
+                {"id": f"v{n % c}", "layer": LAYERS // 3, "scale": 1.0 + n / 7},
+                {"id": f"v{(n + 1) % c}", "layer": 2 * LAYERS // 3, "scale": -0.5 - n / 11}])}
+            salts.request_salt(SimpleNamespace(extra_args=extra), PROMPT)
+            if ahead:
+                core.prepare(extra, PROMPT)
+        return SimpleNamespace(req_id=f"cmpl-{n}-0", sampling_params=SimpleNamespace(extra_args=extra),
+                               prompt_token_ids=range(PROMPT), left=rng.randint(64, 192), new=True)
+
+    batch = [arrive() for _ in range(c)]
+    junk = np.zeros(32 * 2**20, np.uint8)
+    times: dict[str, list[tuple[float, float, float]]] = {"steady": [], "changed": []}
+    finished: set[str] = set()
+    for step in range(steps + 200):
+        arrivals = [r for r in batch if r.new]
+        out = SimpleNamespace(finished_req_ids=finished, scheduled_new_reqs=arrivals)
+        ids = [r.req_id for r in batch]
+        prompt = PROMPT if step else 1  # the first step admits all C: one token each, within vLLM's budget
+        counts = np.fromiter((prompt if r.new else 1 for r in batch), np.int32, len(batch))
+        if cold:
+            junk += 1
+        t0 = time.perf_counter_ns()
+        core.on_schedule(out)
+        t1 = time.perf_counter_ns()
+        rank.on_schedule(out)
+        t2 = time.perf_counter_ns()
+        rank.on_batch(ids, counts)
+        t3 = time.perf_counter_ns()
+        if step >= 200:
+            times["changed" if arrivals or finished else "steady"].append(
+                ((t1 - t0) / 1e3, (t2 - t1) / 1e3, (t3 - t2) / 1e3))
+        for r in batch:
+            r.left, r.new = r.left - 1, False
+        finished = {r.req_id for r in batch if r.left <= 0}
+        batch = [r for r in batch if r.left > 0]
+        batch += [arrive() for _ in finished]
+    if device.type == "cuda":
+        torch.cuda.synchronize()
+    return {kind: {"steps": len(t), **{h: round(statistics.median(x[i] for x in t), 1) for i, h in enumerate(HOOKS)},
+                   "all": round(statistics.median(sum(x) for x in t), 1)}
+            for kind, t in times.items() if t}
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--concurrency", type=int, default=256)
+    ap.add_argument("--steps", type=int, default=3000)
+    ap.add_argument("--out", type=Path)
+    args = ap.parse_args()
+    device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    torch.set_num_threads(1)  # host work runs on the engine's one scheduling thread
+    results = {f"{'cold' if cold else 'warm'}_{'ahead' if ahead else 'at_step'}":
+               run(args.concurrency, args.steps, cold, ahead, device)
+               for cold in (True, False) for ahead in (False, True)}
+    result = {"device": torch.cuda.get_device_name(0) if device.type == "cuda" else platform.processor() or "cpu",
+              "torch": torch.__version__, "concurrency": args.concurrency, "layers": LAYERS, "steps": args.steps,
+              "median_us": results, "date": time.strftime("%Y-%m-%d")}
+    print(json.dumps(result, indent=1))
+    if args.out:
+        args.out.parent.mkdir(parents=True, exist_ok=True)
+        args.out.write_text(json.dumps(result, indent=1))
+
+
+if __name__ == "__main__":
+    main()
