@@ -19,6 +19,7 @@ it while the step thread waits) or at its step (``at_step``).
 from __future__ import annotations
 
 import argparse
+import itertools
 import json
 import platform
 import random
@@ -59,12 +60,11 @@ def run(concurrency: int, steps: int, cold: bool, ahead: bool, device: torch.dev
                           budget=StreamBudget.of(torch.bfloat16), counters=counters)
     core = CoreSync(None, PendingDelta(HIDDEN, torch.bfloat16), registry, admission, counters)
     rank = Steerer(Router(ArmedModel(tables, tuple(range(LAYERS)))), tables, counters)
-    rng, made = random.Random(seed), [0]
+    rng, numbers = random.Random(seed), itertools.count(1)
 
     def arrive() -> SimpleNamespace:
         """A request as vLLM's input thread makes it: every other one steered, salted, resolved ahead."""
-        made[0] += 1
-        n, extra = made[0], None
+        n, extra = next(numbers), None
         if n % 2:
             extra = {"hotwire": json.dumps([
                 {"id": f"v{n % c}", "layer": LAYERS // 3, "scale": 1.0 + n / 7},

@@ -110,14 +110,11 @@ class Admission:
         """Bind a new (or re-sent) request to a row; or why it runs unsteered (counted); None when
         it asks for no steering."""
         self.finish((req_id,))
-        raw = spec_from_extra_args(extra_args)
-        if raw is None:
-            return None
         try:
-            entries = parse_spec(raw)
-            if not entries:
+            resolved = self._resolve_request(extra_args, prompt_len)
+            if resolved is None:
                 return None
-            terms, slots = self._resolve_seen(entries, prompt_len)
+            terms, slots = resolved
             if not self._free:
                 raise SpecError("table_full", f"all {len(self.active)} request rows are in use")
         except SpecError as e:
@@ -137,15 +134,20 @@ class Admission:
         so the step that admits it finds it resolved unless a slot binding changed in between. A
         spec that does not resolve is left to :meth:`admit`, which refuses it and counts why.
         Takes the same lock as :meth:`admit` (the caller's: :meth:`.core_sync.CoreSync.prepare`)."""
-        raw = spec_from_extra_args(extra_args)
-        if raw is None:
-            return
         try:
-            entries = parse_spec(raw)
-            if entries:
-                self._resolve_seen(entries, prompt_len)
+            self._resolve_request(extra_args, prompt_len)
         except SpecError:
             pass
+
+    def _resolve_request(self, extra_args: dict[str, Any] | None,
+                         prompt_len: int) -> tuple[tuple[Term, ...], tuple[int, ...]] | None:
+        """A request's spec parsed and resolved (:meth:`_resolve_seen`); None when it asks for no
+        steering, SpecError when it cannot be."""
+        raw = spec_from_extra_args(extra_args)
+        if raw is None:
+            return None
+        entries = parse_spec(raw)
+        return self._resolve_seen(entries, prompt_len) if entries else None
 
     def finish(self, req_ids: Iterable[str]) -> list[str]:
         """Release finished requests; returns those that were steered."""
