@@ -27,7 +27,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from . import idle_graphs
+from . import graph_switch, idle_graphs
 from .config import HotwireConfig
 from .counters import Counters, process_counters
 from .gate_report import GateReport
@@ -88,6 +88,7 @@ class Steerer:
                  len(armed), n_layers, type(model).__name__, armed, tables.nbytes / 2**20, runner.device,
                  cfg.slots, requests, cfg.entries)
         idle_graphs.want(cfg.idle_graphs)
+        graph_switch.want(cfg.graph_switch)
         if len(armed) > 4:
             steps = ("every step in which a request is steered" if cfg.idle_graphs else
                      "every decode step (HOTWIRE_IDLE_GRAPHS=0: idle ones too)")
@@ -152,9 +153,16 @@ class Steerer:
             c.host_ns_changed += c.core_step_ns + self._step_ns + ns
 
     def report_capture(self) -> None:
-        """After vLLM's graph capture: what the graphs without the op cost (once per capture)."""
+        """After vLLM's graph capture: what the graphs without the op cost, and in how many graphs
+        the op's kernels are switched per step (once per capture)."""
         s = idle_graphs.STATS
         if s.graphs:
             log.info("hotwire: captured %d graphs without the op for idle steps in %.1f s, %.2f GiB "
                      "(vLLM's own: %.1f s, %.2f GiB)", s.graphs, s.seconds, s.bytes / 2**30, s.first_seconds,
                      s.first_bytes / 2**30)
+        g = graph_switch.STATS
+        if g.graphs or g.unswitched:
+            log.info("hotwire: the op's kernels switched per step to the layers requests steer in %d captured "
+                     "graphs (%d kernels)%s", g.graphs, g.nodes,
+                     f"; {g.unswitched} launches whose graph node was not found run on every steered step"
+                     if g.unswitched else "")

@@ -20,7 +20,7 @@ from collections.abc import Callable
 from types import ModuleType
 from typing import Any
 
-from . import arrival, idle_graphs, salts, staging
+from . import arrival, graph_switch, idle_graphs, salts, staging
 from .core_sync import CoreSync
 from .engine import Steerer
 
@@ -121,18 +121,22 @@ def _graph_wrappers() -> list[Any]:
 
 def _doubled(fn: Callable, *, holders: Callable[[Any], list[Any]], safe: Callable[[Any], bool],
              again: Callable[[inspect.BoundArguments], None] = lambda bound: None) -> Callable:
-    """``fn``, one capture pass of vLLM's, run a second time without the op (:mod:`.idle_graphs`);
-    ``again`` may change the second call's arguments."""
+    """``fn``, one capture pass of vLLM's, with the op's kernels in its graphs switched per step
+    (:mod:`.graph_switch`), then run a second time without the op (:mod:`.idle_graphs`); ``again``
+    may change the second call's arguments."""
     sig = inspect.signature(fn)
 
     @functools.wraps(fn)
     def wrapper(self, *args, **kwargs):
+        def first_pass():  # vLLM's own: its graphs hold the op, switched per step (.graph_switch)
+            with graph_switch.capturing():
+                return fn(self, *args, **kwargs)
+
         if not idle_graphs.wanted or not safe(self):
-            return fn(self, *args, **kwargs)
+            return first_pass()
         bound = sig.bind(self, *args, **kwargs)
         again(bound)
-        return idle_graphs.capture_twice(lambda: fn(self, *args, **kwargs),
-                                         lambda: fn(*bound.args, **bound.kwargs), lambda: holders(self))
+        return idle_graphs.capture_twice(first_pass, lambda: fn(*bound.args, **bound.kwargs), lambda: holders(self))
 
     wrapper.__hotwire__ = True
     return wrapper

@@ -72,7 +72,7 @@ from typing import NamedTuple
 
 import torch
 
-from . import idle_graphs
+from . import graph_switch, idle_graphs
 from .interventions import (ADD, CLAMP_HI, CLAMP_LO, COEF, GATE, MODE, POS_HI, POS_LO, PROBE, ROW, THRESHOLD,
                             coefficient)
 
@@ -103,8 +103,12 @@ class StepState:
         self.live = frozenset(range(layers))
 
     def route_layers(self, positions: Iterable[int]) -> None:
-        """The layers (positions in the tables) that may steer at the coming step."""
-        self.live = frozenset(positions)
+        """The layers (positions in the tables) that may steer at the coming step. ``live`` stays the
+        same object while the set does not change (captured graphs check it by identity:
+        :mod:`.graph_switch`)."""
+        live = frozenset(positions)
+        if live != self.live:
+            self.live = live
 
 
 class ArmedLayer:
@@ -214,6 +218,8 @@ def _steer_cuda(x, residual, positions, anchor) -> None:
         from .steer_triton import launch  # Triton is only needed (and present) where CUDA is
 
         launch(x, residual, positions, layer.bank, layer.route, layer.tok_row, layer.scratch)
+        if graph_switch.recording:
+            graph_switch.note(layer, x.device.index)
 
 
 _LIB.impl("steer_", _steer_torch, "CompositeExplicitAutograd")

@@ -125,6 +125,13 @@ def _constants(dtype: torch.dtype, h: int, k: int, has_res: bool, gates: int | N
 _SIZES = (driver_launch.WORD,) * 5 + (driver_launch.HALF,) + (driver_launch.WORD,) * 4
 _UNTRIED = object()
 _LAUNCHES: dict[tuple, object] = {}  # specialisation -> a DriverLaunch, None (Triton's stays) or _UNTRIED
+_FUNCTIONS: set[int] = set()  # the CUDA functions of every specialisation Triton launched
+
+
+def kernel_functions() -> set[int]:
+    """The CUDA function handles of the op's compiled kernels (:mod:`.graph_switch` switches only
+    graph nodes running one of them)."""
+    return _FUNCTIONS
 
 
 def launch(x: torch.Tensor, residual: torch.Tensor | None, positions: torch.Tensor, bank: torch.Tensor,
@@ -173,5 +180,6 @@ def launch(x: torch.Tensor, residual: torch.Tensor | None, positions: torch.Tens
     compiled = _steer[(n,)](x, res, positions, bank, route, strides[0], tok_row, gates, counts, decided,
                             **_constants(x.dtype, h, route.shape[1], residual is not None,
                                          None if scratch is None else gates.shape[-1]))
+    _FUNCTIONS.add(getattr(compiled, "function", None) or 0)
     if fast is _UNTRIED:
         _LAUNCHES[key] = driver_launch.launcher(compiled, _SIZES, x.device.index)

@@ -180,3 +180,16 @@ def test_no_recompile_no_recapture(runs):
     assert [{**c, "idle_captures": 0} for c in steered] == free
     assert all(c["idle_captures"] == c["captures"] for c in steered)
     assert {c["captures"] for c in steered} == {steered[0]["captures"]}
+
+
+def test_the_ops_kernels_are_switched_in_every_graph_holding_them(runs):
+    """Inside captured graphs the op's kernels run only on the layers a step's requests steer
+    (``graph_switch``): the engine found every op launch of its capture as a graph node. The
+    rounds above ran on those graphs (steered alone and in a batch alike, unsteered bit-exact)."""
+    import re
+
+    said = re.findall(r"switched per step to the layers requests steer in (\d+) captured graphs \((\d+) kernels\)(.*)",
+                      runs[True][1]["log"])
+    assert said, "the engine did not say it switches the op's kernels in its graphs"
+    graphs, kernels, rest = said[-1]
+    assert int(graphs) > 0 and int(kernels) >= int(graphs) and "not found" not in rest
