@@ -101,16 +101,25 @@ class Driver:
 
 
 def _capture_info(cuda: ctypes.PyDLL) -> tuple[Any, bool]:
-    """``cuStreamGetCaptureInfo`` with edge data (CUDA 12.3+) or without it, and which one."""
+    """``cuStreamGetCaptureInfo`` with edge data (CUDA 12.3+) or without it, and which one: by its
+    versioned name, else as the driver hands out CUDA 12.3's version of it."""
     p, ptr = ctypes.c_void_p, ctypes.POINTER
     common = (p, ptr(ctypes.c_int), ptr(ctypes.c_uint64), ptr(p), ptr(ptr(p)))
-    for name, edges in (("cuStreamGetCaptureInfo_v3", True), ("cuStreamGetCaptureInfo_v2", False)):
-        fn = getattr(cuda, name, None)
-        if fn is not None:
-            fn.argtypes = (*common, *((p,) if edges else ()), ptr(ctypes.c_size_t))
-            fn.restype = ctypes.c_int
-            return fn, edges
-    raise AttributeError("cuStreamGetCaptureInfo_v3/_v2")
+    with_edges = ctypes.PYFUNCTYPE(ctypes.c_int, *common, p, ptr(ctypes.c_size_t))
+    fn = getattr(cuda, "cuStreamGetCaptureInfo_v3", None)
+    if fn is not None:
+        fn.argtypes, fn.restype = (*common, p, ptr(ctypes.c_size_t)), ctypes.c_int
+        return fn, True
+    fn = getattr(cuda, "cuStreamGetCaptureInfo_v2", None)
+    if fn is not None:
+        fn.argtypes, fn.restype = (*common, ptr(ctypes.c_size_t)), ctypes.c_int
+        return fn, False
+    address, status = p(), ctypes.c_int()
+    get = cuda.cuGetProcAddress_v2  # (symbol, pfn, cudaVersion, flags, symbolStatus)
+    get.argtypes, get.restype = (ctypes.c_char_p, ptr(p), ctypes.c_int, ctypes.c_uint64, ptr(ctypes.c_int)), ctypes.c_int
+    if get(b"cuStreamGetCaptureInfo", ctypes.byref(address), 12030, 0, ctypes.byref(status)) != 0 or not address.value:
+        raise AttributeError("cuStreamGetCaptureInfo")
+    return with_edges(address.value), True
 
 
 @functools.cache
