@@ -190,7 +190,7 @@ def _kept_class() -> type | None:
                 self.__class__ = SwitchedGraph
                 self._switch = Switch(self.raw_cuda_graph_exec(), found, d.set_enabled)
                 STATS.graphs += 1
-                STATS.nodes += len(found)
+                STATS.nodes += len(self._switch.nodes)
 
     class SwitchedGraph(KeptGraph):
         """A kept graph holding op kernels: each replay first switches them to the live layers."""
