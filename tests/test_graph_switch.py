@@ -145,3 +145,46 @@ def test_a_captured_graph_runs_the_op_only_on_live_layers_and_nothing_else_chang
             want = steered[i] if i in live else base[i]
             assert torch.equal(x[i].view(torch.int16), want.view(torch.int16)), (live, i)
     assert ticks.item() == 5 * LAYERS
+
+
+class _Manager:
+    """Stands in for a graph holder of vLLM's whose ``capture`` is one capture pass."""
+
+    def __init__(self):
+        self.graphs: dict = {}
+        self.passes: list[bool] = []  # per pass: did it run within graph_switch.capturing
+
+    def capture(self, key="b8"):
+        self.passes.append(_within[0])
+        self.graphs[key] = object()
+
+
+_within = [False]
+
+
+@pytest.mark.parametrize("doubled", [True, False])
+def test_vllms_own_capture_pass_runs_within_capturing_and_the_idle_pass_does_not(monkeypatch, doubled):
+    """The graphs of vLLM's own pass hold the op and are switched; those of the idle pass
+    (``idle_graphs``) launch nothing of it and stay plain."""
+    import contextlib
+    import weakref
+
+    from hotwire.engine_plugin import hooks, idle_graphs
+
+    @contextlib.contextmanager
+    def within():
+        _within[0] = True
+        try:
+            yield
+        finally:
+            _within[0] = False
+
+    monkeypatch.setattr(graph_switch, "capturing", within)
+    monkeypatch.setattr(idle_graphs, "wanted", doubled)
+    monkeypatch.setattr(idle_graphs, "_off", None)
+    monkeypatch.setattr(idle_graphs, "_split_holders", weakref.WeakSet())
+    monkeypatch.setattr(idle_graphs, "STATS", idle_graphs.Stats())
+    manager = _Manager()
+    capture = hooks._doubled(_Manager.capture, holders=lambda m: [m], safe=lambda m: True)
+    capture(manager)
+    assert manager.passes == ([True, False] if doubled else [True])
