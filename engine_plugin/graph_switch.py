@@ -12,7 +12,9 @@ nothing, so switching it off changes no bit: the graph then runs what a graph-le
 
 How the nodes are found: during hotwire's capture passes (:func:`capturing`), vLLM's
 ``torch.cuda.CUDAGraph()`` is a :class:`KeptGraph` (``keep_graph=True``: node handles must
-outlive the capture), and right after the op launches on a capturing stream (:func:`note`) the
+outlive the capture). While one captures, the op launches on every armed layer, live or not (a
+capture made while serving must hold them all; capturing runs nothing), and right after it
+launches on a capturing stream (:func:`note`) the
 stream's capture state names the node just added, which is kept with its layer once the driver
 confirms it is a kernel node running one of the op's own compiled kernels (anything else stays
 on: an unknown node is never switched). At the capture's end a graph holding any such node

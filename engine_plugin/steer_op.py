@@ -149,7 +149,9 @@ def _steering(anchor: torch.Tensor) -> ArmedLayer | None:
                            "(steer_op.bind): was this layer armed in this process, and does its forward "
                            "run on the parameter arming saw rather than a copy of it?")
     step = layer.step
-    return layer if step is None or layer.pos in step.live else None
+    # while a kept graph captures, every layer: the graph holds each one's kernel, switched per step
+    # (a capture records, it runs nothing, so no token is steered by it)
+    return layer if step is None or layer.pos in step.live or graph_switch.recording else None
 
 
 def reference(x: torch.Tensor, residual: torch.Tensor | None, positions: torch.Tensor, bank: torch.Tensor,

@@ -188,3 +188,21 @@ def test_vllms_own_capture_pass_runs_within_capturing_and_the_idle_pass_does_not
     capture = hooks._doubled(_Manager.capture, holders=lambda m: [m], safe=lambda m: True)
     capture(manager)
     assert manager.passes == ([True, False] if doubled else [True])
+
+
+def test_a_capture_records_the_kernel_of_every_armed_layer_even_while_requests_steer_fewer(monkeypatch):
+    """A capture made while serving (vLLM drops and captures its graphs again) must still hold
+    every layer's kernel, switched per step: while a kept graph captures, the op launches on
+    layers the step state has not marked live (capture records; it runs nothing)."""
+    from test_steering_op import _entry, _tables, steered
+
+    from hotwire.shared.spec import NO_END
+
+    t = _tables(armed=2)
+    t.route[1, 0, 0] = _entry(1, 0, NO_END, 2.0)
+    t.tok_row[:4] = 1
+    x, pos = torch.randn(4, 16), torch.arange(4)
+    t.step.route_layers([1])
+    assert torch.equal(steered(t, 0, x, None, pos), x)  # not live: the op returns before any launch
+    monkeypatch.setattr(graph_switch, "recording", True)
+    assert not torch.equal(steered(t, 0, x, None, pos), x)
