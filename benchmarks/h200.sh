@@ -9,7 +9,7 @@
 #   bash benchmarks/h200.sh perf   OUTDIR [SHAPE...]  # kernel time per decode step / prefill: plugin-free,
 #                                           # armed on all layers (graphs without the op for idle steps,
 #                                           # and without them: HOTWIRE_IDLE_GRAPHS=0; the op's kernels
-#                                           # switched per step, and not: HOTWIRE_GRAPH_SWITCH=0), armed on two,
+#                                           # switched per step: HOTWIRE_GRAPH_SWITCH=1), armed on two,
 #                                           # each mode (0.6B: + eager)
 #   bash benchmarks/h200.sh serve  OUTDIR [C...]  # host work per step; a py-spy profile of both engine cores, under load at once
 #                                           # at the largest C (needs py-spy on PATH); served tokens/s at
@@ -55,8 +55,8 @@
 #                                           # engine; files fc-KIND-ROUND-N.json, N its place in the round
 #   bash benchmarks/h200.sh steered OUTDIR [SHAPE [C]]  # what steering half the requests costs served
 #                                           # (default 0.6B, 256 in flight), two servers only (plugin-free,
-#                                           # hotwire; at qwen3-8b also hotwire with HOTWIRE_GRAPH_SWITCH=0,
-#                                           # every armed layer's kernel in its graphs): under MPS, then taking turns on the GPU by time
+#                                           # hotwire; at qwen3-8b also hotwire with HOTWIRE_GRAPH_SWITCH=1,
+#                                           # the op's kernels switched to the steered layers): under MPS, then taking turns on the GPU by time
 #                                           # slices (~8.5 min; session 28 saw 0.76 with four servers on one
 #                                           # GPU, where the GPU was the bottleneck; session 33 saw 8B at 64
 #                                           # lose 4.4 % under MPS)
@@ -123,7 +123,7 @@ perf() {  # perf [SHAPE...]: one engine at a time (a neighbour's start-up distur
           # about 8 min per shape, so one shape per call
   local shape kinds
   for shape in "${@:-qwen3-0.6b}"; do
-    kinds="plugin_free hotwire hotwire_unswitched hotwire_op_graphs hotwire_2 hotwire_modes"
+    kinds="plugin_free hotwire hotwire_switched hotwire_op_graphs hotwire_2 hotwire_modes"
     [ "$shape" = qwen3-0.6b ] && kinds="$kinds eager"
     job "kt-$shape" python3 benchmarks/kernel_time.py --shape "$shape" --processes $kinds --repeats 1 \
       --steps 32 --parallel 1 --out "$out/kernel-time-$shape.json"
@@ -162,10 +162,10 @@ serve() {  # serve [CONCURRENCY...]: host work, the profile (~3 min), served tok
 }
 
 steered() {  # steered [SHAPE [C]]: plugin-free and hotwire (half the requests steered) alone on the GPU, under MPS
-             # and then sharing it by time slices; at 8B also hotwire with every armed layer's kernel in its
-             # graphs (HOTWIRE_GRAPH_SWITCH=0)
+             # and then sharing it by time slices; at 8B also hotwire with the op's kernels in its graphs
+             # switched to the steered layers (HOTWIRE_GRAPH_SWITCH=1)
   local mps shape=${1:-qwen3-0.6b} c=${2:-256} servers=(plugin_free hotwire)
-  [ "$shape" = qwen3-8b ] && servers=(plugin_free hotwire_unswitched hotwire)
+  [ "$shape" = qwen3-8b ] && servers=(plugin_free hotwire hotwire_switched)
   for mps in --mps ""; do
     job "steered${mps:+-mps}-$shape-c$c" python3 benchmarks/serve_throughput.py --simultaneous $mps --shape "$shape" \
       --concurrency "$c" --budget-s 240 --servers "${servers[@]}" --rotate-cores "${#servers[@]}" --step-phases \

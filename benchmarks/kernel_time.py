@@ -14,9 +14,9 @@ How:
   its own two vectors and scales, on layers n/3 and 2n/3) side by side in the same engine;
   ``hotwire_op_graphs``, the same with ``HOTWIRE_IDLE_GRAPHS=0`` (one graph per shape, the op in
   it: what the graphs without the op gain; its capture time and memory are beside the
-  ``hotwire`` process's in ``idle_graphs``); ``hotwire_unswitched``, the same with
-  ``HOTWIRE_GRAPH_SWITCH=0`` (every armed layer's kernel in the graphs of steered steps: what
-  switching them to the steered layers gains, :mod:`hotwire.engine_plugin.graph_switch`); ``hotwire_2``, the same armed on those two layers only
+  ``hotwire`` process's in ``idle_graphs``); ``hotwire_switched``, the same with
+  ``HOTWIRE_GRAPH_SWITCH=1`` (the op's kernels in the graphs of steered steps switched to the
+  layers the requests steer, :mod:`hotwire.engine_plugin.graph_switch`: what that gains); ``hotwire_2``, the same armed on those two layers only
   (``HOTWIRE_LAYERS``: the op costs one launch per armed layer); ``hotwire_modes``, armed on those
   two layers with ``HOTWIRE_PROJECTION_LAYERS`` (the op reads the residual there), measuring idle,
   the same two entries as adds, and as each projecting mode (each mode / add is the interventions
@@ -79,14 +79,14 @@ PROCESSES = {  # process kind: (plugin loaded, enforce_eager, conditions measure
     "plugin_free": (False, False, ("plugin_free",)),
     "hotwire": (True, False, ("idle", "steered")),
     "hotwire_op_graphs": (True, False, ("idle_g", "steered_g")),  # HOTWIRE_IDLE_GRAPHS=0
-    "hotwire_unswitched": (True, False, ("idle_u", "steered_u")),  # HOTWIRE_GRAPH_SWITCH=0
+    "hotwire_switched": (True, False, ("idle_s", "steered_s")),  # HOTWIRE_GRAPH_SWITCH=1
     "hotwire_2": (True, False, ("idle_2", "steered_2")),  # armed on the two steered layers only
     # the same two layers, reading the stream (HOTWIRE_PROJECTION_LAYERS): each mode steered
     "hotwire_modes": (True, False, ("idle_m", "add_m", "norm_m", "ablate_m", "clamp_m")),
     "eager": (True, True, ("eager",)),
 }
 # (base, compared) conditions of one engine: idle vs steered, and each mode vs add
-PAIRS = (("idle", "steered"), ("idle_g", "steered_g"), ("idle_u", "steered_u"), ("idle_2", "steered_2"),
+PAIRS = (("idle", "steered"), ("idle_g", "steered_g"), ("idle_s", "steered_s"), ("idle_2", "steered_2"),
          ("idle_m", "add_m"), ("add_m", "norm_m"), ("add_m", "ablate_m"), ("add_m", "clamp_m"))
 MODES = {"norm_m": {"mode": "norm", "scale": 0.05}, "ablate_m": {"mode": "ablate", "scale": 1.0},
          "clamp_m": {"mode": "clamp", "lo": -0.5, "hi": 0.5}}  # each entry's mode, by condition
@@ -254,8 +254,8 @@ def _run_child(work: Path, tag: str, process: str, common: dict) -> dict:
         env["HOTWIRE_PROJECTION_LAYERS"] = "all"
     if process == "hotwire_op_graphs":
         env["HOTWIRE_IDLE_GRAPHS"] = "0"
-    if process == "hotwire_unswitched":
-        env["HOTWIRE_GRAPH_SWITCH"] = "0"
+    if process == "hotwire_switched":
+        env["HOTWIRE_GRAPH_SWITCH"] = "1"
     t = time.time()
     with open(log, "w") as f:
         cmd = [sys.executable, __file__, "--child", str(job), "--out", str(out)]

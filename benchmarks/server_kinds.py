@@ -42,8 +42,8 @@ KINDS = {
     "hotwire": Kind(True),
     "hotwire_2": Kind(True, env={"HOTWIRE_LAYERS": STEERED}),  # armed only on the steered layers
     "hotwire_one_graph": Kind(True, env={"HOTWIRE_IDLE_GRAPHS": "0"}),  # one graph set, the op in each
-    # every armed layer's kernel in the graphs of steered steps (engine_plugin/graph_switch.py off)
-    "hotwire_unswitched": Kind(True, env={"HOTWIRE_GRAPH_SWITCH": "0"}),
+    # the op's kernels in the graphs of steered steps switched to the steered layers (engine_plugin/graph_switch.py)
+    "hotwire_switched": Kind(True, env={"HOTWIRE_GRAPH_SWITCH": "1"}),
     "hotwire_again": Kind(True),  # hotwire's own B/B control: where its cores are, what it costs
     # hotwire as it is, sent the same requests with no spec: what the plugin costs while nobody steers
     "hotwire_unsteered": Kind(True, steers=False),

@@ -24,7 +24,8 @@ identity check on the frozenset: :meth:`.steer_op.StepState.route_layers` keeps 
 unchanged). A driver call that fails switches every node of that graph back on for good (said
 once): the graph then runs as captured, as without this module.
 
-Contract: :func:`want` turns it on (``HOTWIRE_GRAPH_SWITCH``, default on); :func:`capturing` wraps
+Contract: :func:`want` turns it on (``HOTWIRE_GRAPH_SWITCH=1``; off by default until the GPU suite
+has run with it); :func:`capturing` wraps
 one capture pass of vLLM's (graphs captured outside one are untouched); :data:`recording` is true
 while a kept graph captures, and the op then calls :func:`note` after each launch; :data:`STATS`
 says what was found.

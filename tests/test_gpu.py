@@ -107,8 +107,9 @@ def runs(request, tmp_path_factory, model, vectors_dir):
         tmp = tmp_path_factory.mktemp(f"{request.param}-{'steered' if plugin else 'plugin-free'}")
         # reduction configs chosen by rule, not by timing: the two engines start side by side and
         # must make the same choices (tests/test_e2e_serve.py)
+        # the op's kernels switched per step in the graphs (graph_switch): every invariant below on them
         env = engine_env(tmp, HOTWIRE_VECTORS=str(vectors_dir), VLLM_USE_V2_MODEL_RUNNER=flag,
-                         HOTWIRE_PROJECTION_LAYERS="all", **STABLE_INDUCTOR)
+                         HOTWIRE_PROJECTION_LAYERS="all", HOTWIRE_GRAPH_SWITCH="1", **STABLE_INDUCTOR)
         res = run_engine(tmp, {**job, "plugin": plugin}, env, timeout=580)
         return dict(zip(ROUNDS, res["rounds"])), res
 

@@ -74,12 +74,12 @@ def test_nodes_of_another_engines_step_state_are_never_switched_by_this_one():
     assert driver.calls == [(5, 1, 0), (5, 3, 0)]
 
 
-@pytest.mark.parametrize("value,want", [("1", True), ("0", False), ("off", False)])
-def test_the_switch_is_on_unless_turned_off(monkeypatch, value, want):
+@pytest.mark.parametrize("value,want", [("1", True), ("on", True), ("0", False)])
+def test_the_switch_is_off_unless_turned_on(monkeypatch, value, want):
     monkeypatch.setenv("HOTWIRE_GRAPH_SWITCH", value)
     assert HotwireConfig.from_env().graph_switch is want
     monkeypatch.delenv("HOTWIRE_GRAPH_SWITCH")
-    assert HotwireConfig.from_env().graph_switch is True
+    assert HotwireConfig.from_env().graph_switch is False
 
 
 def test_captures_outside_a_capture_pass_and_unwanted_ones_make_vllms_own_graphs(monkeypatch):
