@@ -14,10 +14,9 @@ How the nodes are found: during hotwire's capture passes (:func:`capturing`), vL
 ``torch.cuda.CUDAGraph()`` is a :class:`KeptGraph` (``keep_graph=True``: node handles must
 outlive the capture). While one captures, the op launches on every armed layer, live or not (a
 capture made while serving must hold them all; capturing runs nothing), and right after it
-launches on a capturing stream (:func:`note`) the
-stream's capture state names the node just added, which is kept with its layer once the driver
-confirms it is a kernel node running one of the op's own compiled kernels (anything else stays
-on: an unknown node is never switched). At the capture's end a graph holding any such node
+launches on a capturing stream (:func:`note`) the stream's capture state names the node just
+added, which is kept with its layer once the driver confirms it is a kernel node running one of
+the op's own compiled kernels (anything else stays on: an unknown node is never switched). At the capture's end a graph holding any such node
 becomes a :class:`SwitchedGraph`, whose ``replay`` first brings its nodes in line with the live
 layers of its engine's step state, and only when that set changed since its last replay (an
 identity check on the frozenset: :meth:`.steer_op.StepState.route_layers` keeps it while
@@ -25,10 +24,9 @@ unchanged). A driver call that fails switches every node of that graph back on f
 once): the graph then runs as captured, as without this module.
 
 Contract: :func:`want` turns it on (``HOTWIRE_GRAPH_SWITCH=1``; off by default until the GPU suite
-has run with it); :func:`capturing` wraps
-one capture pass of vLLM's (graphs captured outside one are untouched); :data:`recording` is true
-while a kept graph captures, and the op then calls :func:`note` after each launch; :data:`STATS`
-says what was found.
+has run with it); :func:`capturing` wraps one capture pass of vLLM's (graphs captured outside one
+are untouched); :data:`recording` is true while a kept graph captures, and the op then calls
+:func:`note` after each launch; :data:`STATS` says what was found.
 """
 
 from __future__ import annotations
