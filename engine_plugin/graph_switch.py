@@ -252,6 +252,11 @@ class Switch:
                       "them back on: requests steered in steps that replay that graph lose some of their steering")
 
 
+@functools.cache
+def _say_once(message: str) -> None:
+    log.info(message)
+
+
 @contextlib.contextmanager
 def capturing() -> Iterator[None]:
     """vLLM's graphs made within are kept and switched (when :data:`wanted` and torch can keep a
@@ -260,6 +265,9 @@ def capturing() -> Iterator[None]:
     import torch
 
     original = torch.cuda.CUDAGraph
+    if wanted and not hasattr(original, "raw_cuda_graph_exec"):
+        _say_once("hotwire: the op's kernels stay on in every captured graph (this torch cannot hand out a "
+                  "graph's executable: CUDAGraph.raw_cuda_graph_exec)")
     kept = _kept_class() if wanted and hasattr(original, "raw_cuda_graph_exec") and driver() is not None else None
     if kept is None:
         yield
