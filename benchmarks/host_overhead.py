@@ -36,6 +36,7 @@ import json
 import platform
 import statistics
 import time
+from array import array
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -117,8 +118,10 @@ def main() -> None:
 
     timings["admit_per_request_seen_spec"] = [t / BATCH for t in _timed(admit_seen, admit_repeat)]
     admit_all()
-    staged = {1 + j: [(12, 0, (1 + j, 0, 2**31 - 1, 0, 1065353216, 0, 0, 0)),
-                      (24, 0, (2 + j, 0, 2**31 - 1, 0, -1090519040, 0, 0, 0))] for j in range(BATCH)}  # two adds
+    k_words = router.tables.route.shape[2] * router.tables.route.shape[3]  # a layer's words in a request row
+    staged = {1 + j: [(12 * k_words, array("i", (1 + j, 0, 2**31 - 1, 0, 1065353216, 0, 0, 0))),
+                      (24 * k_words, array("i", (2 + j, 0, 2**31 - 1, 0, -1090519040, 0, 0, 0)))]
+              for j in range(BATCH)}  # two adds, on layers 12 and 24
     timings["commit_256_arrivals"] = _timed(lambda: (router._staged.update(staged), router.commit()),
                                             max(5, args.repeat // 20))
     router.route(ids, ones)

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Iterable, Sequence
+from array import array
 from itertools import repeat
 
 import numpy as np
@@ -25,7 +26,7 @@ import torch
 
 from .admission import Admitted, Term
 from .gate_report import GateReport
-from .interventions import PROBE
+from .interventions import PROBE, WORDS
 from .staging import DeviceWords, HostRing, Span, clear, put
 from .steering import ArmedModel
 
@@ -41,6 +42,7 @@ class Router:
         self.tables = armed.tables
         rows, shape = self.tables.route.shape[0], self.tables.route.shape[1:]  # R+1, [A, K, 8]
         self._row_words = int(np.prod(shape))
+        self._k_words = shape[1] * shape[2]  # words of one layer's entries in a request row
         device = self.tables.route.device
         # each buffer: [m, A, K, 8] rows to write, then from word _tok_at [N] each token's row
         self._tok_at = rows * self._row_words
@@ -52,9 +54,9 @@ class Router:
         self._rows: np.ndarray | None = None  # [len(_ids)] the request row of each, None: no steered request
         self._dirty = False  # a request arrived or left since the last route()
         self._row_of: dict[str, int] = {}  # request row of each steered request, looked up per step
-        # request row -> its entries [(pos, k, words)], admitted since the last commit (a row reused
-        # before the commit holds its latest request's)
-        self._staged: dict[int, list[tuple[int, int, tuple[int, ...]]]] = {}
+        # request row -> its entries [(word in the row, its 8 words)], admitted since the last commit
+        # (a row reused before the commit holds its latest request's)
+        self._staged: dict[int, list[tuple[int, array]]] = {}
         self._tok = np.zeros(0, dtype=np.int32)  # tok_row content on the device, up to its length
         self._layers_of: dict[str, tuple[int, ...]] = {}  # the armed layers (table positions) of each
         self._users = [0] * shape[0]  # steered requests in flight with an entry on each armed layer
@@ -81,14 +83,17 @@ class Router:
         """Stage the request row of a request the engine core admitted (written by :meth:`commit`)."""
         self.finish((req_id,))
         cut = self._gates_elsewhere(admitted.terms)
-        entries = []  # another stage's layer: that rank writes it
+        entries, layers = [], set()  # another stage's layer: that rank writes it
+        k_words = self._k_words
         for t in admitted.terms:
             pos = self.armed.position(t.layer)
             if pos is not None and t.gate not in cut:
-                entries.append((pos, t.k, (t.slot + 1, *t.words)))
+                # the entry's words and where they go in its request row, [A, K, 8] flat
+                entries.append((pos * k_words + t.k * WORDS, array("i", (t.slot + 1, *t.words))))
+                layers.add(pos)
         self.active[req_id] = admitted
         self._row_of[req_id] = admitted.row
-        layers = self._layers_of[req_id] = tuple({pos for pos, _, _ in entries})
+        layers = self._layers_of[req_id] = tuple(layers)
         for pos in layers:
             self._users[pos] += 1
         self._live = None
@@ -135,12 +140,13 @@ class Router:
     def _stage_rows(self, buf: np.ndarray) -> list[Span]:
         """The staged rows' contents into ``buf`` and the spans that write them into their rows
         of the routing table; the stage starts anew."""
-        m, w, shape = len(self._staged), self._row_words, self.tables.route.shape[1:]  # shape: [A, K, 8]
+        m, w = len(self._staged), self._row_words
         clear(buf, 0, m * w)
-        route = buf[: m * w].reshape(m, *shape)
+        view = memoryview(buf)
         for i, entries in enumerate(self._staged.values()):
-            for pos, k, words in entries:
-                route[i, pos, k] = words
+            for at, words in entries:  # memoryview copies: no numpy call per entry
+                at += i * w
+                view[at: at + WORDS] = words
         spans = [(i * w, (i + 1) * w, self._route_words, row * w) for i, row in enumerate(self._staged)]
         self._staged.clear()
         return spans
