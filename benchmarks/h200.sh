@@ -56,10 +56,11 @@
 #   bash benchmarks/h200.sh steered OUTDIR [SHAPE [C]]  # what steering half the requests costs served
 #                                           # (default 0.6B, 256 in flight), two servers only (plugin-free,
 #                                           # hotwire; at qwen3-8b also hotwire with HOTWIRE_GRAPH_SWITCH=1,
-#                                           # the op's kernels switched to the steered layers): under MPS, then taking turns on the GPU by time
-#                                           # slices (~8.5 min; session 28 saw 0.76 with four servers on one
-#                                           # GPU, where the GPU was the bottleneck; session 33 saw 8B at 64
-#                                           # lose 4.4 % under MPS)
+#                                           # the op's kernels switched to the steered layers): under MPS,
+#                                           # then taking turns on the GPU by time slices (~8.5 min;
+#                                           # session 28 saw 0.76 with four servers on one GPU, where the
+#                                           # GPU was the bottleneck; session 33 saw 8B at 64 lose 4.4 %
+#                                           # under MPS)
 #   bash benchmarks/h200.sh pair   OUTDIR   # two GPUs: TP=2 and PP=2 servers with runtime registration
 #                                           # (tests/test_e2e_parallel.py as deployed: bf16, graphs on)
 #   bash benchmarks/h200.sh all    OUTDIR   # the four stages one after another (0.6B, 4B, 8B; 64, 256 in

@@ -16,8 +16,9 @@ How:
   it: what the graphs without the op gain; its capture time and memory are beside the
   ``hotwire`` process's in ``idle_graphs``); ``hotwire_switched``, the same with
   ``HOTWIRE_GRAPH_SWITCH=1`` (the op's kernels in the graphs of steered steps switched to the
-  layers the requests steer, :mod:`hotwire.engine_plugin.graph_switch`: what that gains); ``hotwire_2``, the same armed on those two layers only
-  (``HOTWIRE_LAYERS``: the op costs one launch per armed layer); ``hotwire_modes``, armed on those
+  layers the requests steer, :mod:`hotwire.engine_plugin.graph_switch`: what that gains);
+  ``hotwire_2``, the same armed on those two layers only (``HOTWIRE_LAYERS``: the op costs one
+  launch per armed layer); ``hotwire_modes``, armed on those
   two layers with ``HOTWIRE_PROJECTION_LAYERS`` (the op reads the residual there), measuring idle,
   the same two entries as adds, and as each projecting mode (each mode / add is the interventions
   target, <= 1.01); and, if asked for, ``eager`` (steered with

@@ -144,7 +144,8 @@ def note(layer: Any, device: int) -> None:
     d = driver()
     try:  # never fail a capture: a node not found stays on
         found = None if d is None or layer.step is None else d.last_node(torch._C._cuda_getCurrentRawStream(device))
-        if found is not None and d.kernel_function(found[1]) in kernel_functions():
+        function = None if found is None else d.kernel_function(found[1])
+        if function and function in kernel_functions():
             graph, node = found
             _pending.setdefault(graph, []).append((node, layer.step, layer.pos))
             return
@@ -157,6 +158,11 @@ def note(layer: Any, device: int) -> None:
 def _kept_class() -> type | None:
     """The graph class of capture passes; None where this torch cannot make one (said once)."""
     import torch
+
+    if not hasattr(torch.cuda.CUDAGraph, "raw_cuda_graph_exec"):
+        log.info("hotwire: the op's kernels stay on in every captured graph (this torch cannot hand out a "
+                 "graph's executable: CUDAGraph.raw_cuda_graph_exec)")
+        return None
 
     class KeptGraph(torch.cuda.CUDAGraph):
         """vLLM's ``torch.cuda.CUDAGraph()`` during a capture pass: kept, so the op's nodes can be
@@ -185,11 +191,10 @@ def _kept_class() -> type | None:
                 _pending.clear()
                 return
             self.instantiate()
-            found = _pending.pop(graph, None)
-            d = driver()
-            if found and d is not None:
+            found = _pending.pop(graph, None)  # only where driver() was had (note)
+            if found:
                 self.__class__ = SwitchedGraph
-                self._switch = Switch(self.raw_cuda_graph_exec(), found, d.set_enabled)
+                self._switch = Switch(self.raw_cuda_graph_exec(), found, driver().set_enabled)
                 STATS.graphs += 1
                 STATS.nodes += len(self._switch.nodes)
 
@@ -242,7 +247,7 @@ class Switch:
     def _fail(self) -> None:
         self.broken = True
         STATS.failed += 1
-        ok = all([self.set_enabled(self.exec, node, 1) == 0 for node, _ in self.nodes])
+        ok = all([self.set_enabled(self.exec, node, 1) == 0 for node, _ in self.nodes])  # each tried
         self.on = [True] * len(self.nodes)
         if ok:
             log.warning("hotwire: switching the op's kernels in a captured graph failed; they run on every "
@@ -250,11 +255,6 @@ class Switch:
         else:
             log.error("hotwire: switching the op's kernels in a captured graph failed, and so did switching "
                       "them back on: requests steered in steps that replay that graph lose some of their steering")
-
-
-@functools.cache
-def _say_once(message: str) -> None:
-    log.info(message)
 
 
 @contextlib.contextmanager
@@ -265,10 +265,7 @@ def capturing() -> Iterator[None]:
     import torch
 
     original = torch.cuda.CUDAGraph
-    if wanted and not hasattr(original, "raw_cuda_graph_exec"):
-        _say_once("hotwire: the op's kernels stay on in every captured graph (this torch cannot hand out a "
-                  "graph's executable: CUDAGraph.raw_cuda_graph_exec)")
-    kept = _kept_class() if wanted and hasattr(original, "raw_cuda_graph_exec") and driver() is not None else None
+    kept = _kept_class() if wanted and driver() is not None else None
     if kept is None:
         yield
         return

@@ -142,11 +142,9 @@ class Router:
         of the routing table; the stage starts anew."""
         m, w = len(self._staged), self._row_words
         clear(buf, 0, m * w)
-        view = memoryview(buf)
         for i, entries in enumerate(self._staged.values()):
             for at, words in entries:  # memoryview copies: no numpy call per entry
-                at += i * w
-                view[at: at + WORDS] = words
+                put(buf, i * w + at, words)
         spans = [(i * w, (i + 1) * w, self._route_words, row * w) for i, row in enumerate(self._staged)]
         self._staged.clear()
         return spans

@@ -180,6 +180,7 @@ def launch(x: torch.Tensor, residual: torch.Tensor | None, positions: torch.Tens
     compiled = _steer[(n,)](x, res, positions, bank, route, strides[0], tok_row, gates, counts, decided,
                             **_constants(x.dtype, h, route.shape[1], residual is not None,
                                          None if scratch is None else gates.shape[-1]))
-    _FUNCTIONS.add(getattr(compiled, "function", None) or 0)
+    if getattr(compiled, "function", None):  # never 0: a node with no function is never the op's
+        _FUNCTIONS.add(compiled.function)
     if fast is _UNTRIED:
         _LAUNCHES[key] = driver_launch.launcher(compiled, _SIZES, x.device.index)
