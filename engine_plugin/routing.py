@@ -17,8 +17,8 @@ call nor a large numpy operation (``.staging``).
 from __future__ import annotations
 
 import logging
-from collections.abc import Iterable, Sequence
 from array import array
+from collections.abc import Iterable, Sequence
 from itertools import repeat
 
 import numpy as np
