@@ -17,6 +17,8 @@ How:
   ``hotwire`` process's in ``idle_graphs``); ``hotwire_switched``, the same with
   ``HOTWIRE_GRAPH_SWITCH=1`` (the op's kernels in the graphs of steered steps switched to the
   layers the requests steer, :mod:`hotwire.engine_plugin.graph_switch`: what that gains);
+  ``hotwire_switched_one_graph``, the switch with ``HOTWIRE_IDLE_GRAPHS=0`` (an idle step replays
+  the steered graph with every op node off: whether the graphs without the op are still needed);
   ``hotwire_2``, the same armed on those two layers only (``HOTWIRE_LAYERS``: the op costs one
   launch per armed layer); ``hotwire_modes``, armed on those
   two layers with ``HOTWIRE_PROJECTION_LAYERS`` (the op reads the residual there), measuring idle,
@@ -81,13 +83,16 @@ PROCESSES = {  # process kind: (plugin loaded, enforce_eager, conditions measure
     "hotwire": (True, False, ("idle", "steered")),
     "hotwire_op_graphs": (True, False, ("idle_g", "steered_g")),  # HOTWIRE_IDLE_GRAPHS=0
     "hotwire_switched": (True, False, ("idle_s", "steered_s")),  # HOTWIRE_GRAPH_SWITCH=1
+    # the switch and one graph set: an idle step replays the steered graph with every op node off
+    "hotwire_switched_one_graph": (True, False, ("idle_so", "steered_so")),
     "hotwire_2": (True, False, ("idle_2", "steered_2")),  # armed on the two steered layers only
     # the same two layers, reading the stream (HOTWIRE_PROJECTION_LAYERS): each mode steered
     "hotwire_modes": (True, False, ("idle_m", "add_m", "norm_m", "ablate_m", "clamp_m")),
     "eager": (True, True, ("eager",)),
 }
 # (base, compared) conditions of one engine: idle vs steered, and each mode vs add
-PAIRS = (("idle", "steered"), ("idle_g", "steered_g"), ("idle_s", "steered_s"), ("idle_2", "steered_2"),
+PAIRS = (("idle", "steered"), ("idle_g", "steered_g"), ("idle_s", "steered_s"), ("idle_so", "steered_so"),
+         ("idle_2", "steered_2"),
          ("idle_m", "add_m"), ("add_m", "norm_m"), ("add_m", "ablate_m"), ("add_m", "clamp_m"))
 MODES = {"norm_m": {"mode": "norm", "scale": 0.05}, "ablate_m": {"mode": "ablate", "scale": 1.0},
          "clamp_m": {"mode": "clamp", "lo": -0.5, "hi": 0.5}}  # each entry's mode, by condition
@@ -207,8 +212,9 @@ def _child(job_path: str, out: Path) -> None:
 
     counters = {}
     if plugin:
-        from hotwire.shared.mailbox import MailboxView
+        from hotwire.shared.mailbox import HEARTBEAT_S, MailboxView
 
+        time.sleep(2 * HEARTBEAT_S)  # counters reach the mailbox with the engine's heartbeat
         counters = MailboxView.open(str(mailbox)).counters()
         bad = {k: v for k, v in counters.items() if k.startswith("unsteered_") and v}
         if bad or counters["steered_requests"] != sent["steered"]:
@@ -253,9 +259,9 @@ def _run_child(work: Path, tag: str, process: str, common: dict) -> dict:
         env["HOTWIRE_LAYERS"] = ",".join(map(str, steered_layers(common["layers"])))
     if process == "hotwire_modes":
         env["HOTWIRE_PROJECTION_LAYERS"] = "all"
-    if process == "hotwire_op_graphs":
+    if process in ("hotwire_op_graphs", "hotwire_switched_one_graph"):
         env["HOTWIRE_IDLE_GRAPHS"] = "0"
-    if process == "hotwire_switched":
+    if process in ("hotwire_switched", "hotwire_switched_one_graph"):
         env["HOTWIRE_GRAPH_SWITCH"] = "1"
     t = time.time()
     with open(log, "w") as f:
