@@ -53,10 +53,10 @@ def stack(layers: int, tokens: int, hidden: int) -> tuple[Callable[[bool], None]
     bank = torch.randn(2, hidden, device=dev, dtype=bf16)
     route = torch.zeros(2, layers, 4, 8, dtype=torch.int32, device=dev)  # [R+1, A, K, 8]: no entries
     tok_row = torch.zeros(tokens, dtype=torch.int32, device=dev)  # every token on the null row
-    anchors = []
-    for pos in range(layers):
-        anchors.append(torch.nn.Parameter(torch.empty(1, device=dev)))
-        steer_op.bind(anchors[-1], steer_op.ArmedLayer(bank, route[:, pos], tok_row, step, pos))
+    anchors = [torch.nn.Parameter(torch.empty(1, device=dev)) for _ in range(layers)]
+    armed = [steer_op.ArmedLayer(bank, route[:, pos], tok_row, step, pos) for pos in range(layers)]
+    for anchor, layer in zip(anchors, armed):  # bound while ``armed`` lives: ``forward`` holds it
+        steer_op.bind(anchor, layer)
     ws = [torch.randn(hidden, hidden, device=dev, dtype=bf16) / hidden**0.5 for _ in range(layers)]
     norm_w = torch.ones(hidden, device=dev, dtype=bf16)
     h = torch.randn(tokens, hidden, device=dev, dtype=bf16)
@@ -64,6 +64,7 @@ def stack(layers: int, tokens: int, hidden: int) -> tuple[Callable[[bool], None]
     pos_ = torch.arange(tokens, device=dev)
 
     def forward(with_op: bool) -> None:
+        assert armed  # the op finds its layers while the forward lives
         y = x
         for i in range(layers):
             out = y @ ws[i]  # [T, H]
