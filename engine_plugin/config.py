@@ -22,7 +22,7 @@ class HotwireConfig:
     idle_graphs: bool = True
     # inside captured graphs, switch the op's kernels off on layers no request of the step steers
     # (:mod:`.graph_switch`); off: every armed layer's kernel runs on every steered step. Off by
-    # default until the GPU suite has run with it (docs/performance.md, "Session 35")
+    # default: no gain measured yet (docs/performance.md, "Session 36")
     graph_switch: bool = False
     entries: int = 4  # routing columns: entries one request may put on one layer
     vectors_dir: str | None = None  # startup vectors, loaded before the mailbox opens

@@ -23,8 +23,11 @@ identity check on the frozenset: :meth:`.steer_op.StepState.route_layers` keeps 
 unchanged). A driver call that fails switches every node of that graph back on for good (said
 once): the graph then runs as captured, as without this module.
 
-Contract: :func:`want` turns it on (``HOTWIRE_GRAPH_SWITCH=1``; off by default until the GPU suite
-has run with it); :func:`capturing` wraps one capture pass of vLLM's (graphs captured outside one
+Measured (H200, ``docs/performance.md`` "Session 36"): correct, and no gain yet: the kernel after a
+switched-off node ran about as much longer as the op's kernel took, by kernel sums, and served
+tokens/s did not move. Hence off by default.
+
+Contract: :func:`want` turns it on (``HOTWIRE_GRAPH_SWITCH=1``); :func:`capturing` wraps one capture pass of vLLM's (graphs captured outside one
 are untouched); :data:`recording` is true while a kept graph captures, and the op then calls
 :func:`note` after each launch; :data:`STATS` says what was found.
 """
