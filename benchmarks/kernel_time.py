@@ -206,7 +206,8 @@ def _child(job_path: str, out: Path) -> None:
             t, k = wall(call(1, 1, c, p)), kernels(call(1, 1, c, p))
             us = sum(v[0] for n, v in k.items() if not n.startswith(("Memcpy", "Memset")))
             prefill[c][p] = {"kernel_us": round(us, 1), "wall_ms": round(t * 1e3, 3),
-                             "tokens_per_s": round(p / t, 1), "kernel_tokens_per_s": round(p / us * 1e6, 1)}
+                             "tokens_per_s": round(p / t, 1), "kernel_tokens_per_s": round(p / us * 1e6, 1),
+                             "by_name": {n: [round(v[0], 3), v[1]] for n, v in k.items()}}
             print(f"hotwire-kt {c} prefill {p}: {prefill[c][p]['kernel_us']} us kernels, "
                   f"{prefill[c][p]['wall_ms']} ms wall", flush=True)
 
@@ -333,29 +334,38 @@ def _summary(samples: dict[str, list[dict]], batches: list[int], top: int) -> tu
         if "eager" in s:
             row["eager_over_plugin_free"] = _ratio(s, "eager", "plugin_free", "kernel_us")
         rows.append(row)
-        if "plugin_free" not in s:
-            continue
-        names = {c: {} for c in s}
-        for c, xs in s.items():  # median over repeats per kernel name (absent = 0)
-            for name in {n for x in xs for n in x["by_name"]}:
-                vals = [x["by_name"].get(name, [0.0, 0.0]) for x in xs]
-                names[c][name] = [round(med(v[0] for v in vals), 3), med(v[1] for v in vals)]
-        for c in [c for pair in PAIRS for c in pair]:
-            if c not in s:
-                continue
-            base, cur = names["plugin_free"], names[c]
-            delta = {n: cur.get(n, [0, 0])[0] - base.get(n, [0, 0])[0] for n in base.keys() | cur.keys()}
-            for n in sorted(delta, key=lambda n: -abs(delta[n]))[:top]:
-                diffs.append({"batch": b, "condition": c, "kernel": n, "plugin_free_us": base.get(n, [0, 0])[0],
-                              "us": cur.get(n, [0, 0])[0], "delta_us": round(delta[n], 3),
-                              "calls": f"{base.get(n, [0, 0])[1]:g} -> {cur.get(n, [0, 0])[1]:g}"})
+        diffs += _kernel_diffs(b, s, top)
     return rows, diffs
 
 
-def _prefill_summary(samples: dict[str, list[dict]], lengths: list[int]) -> list[dict]:
-    """Per prompt length: medians, and throughput ratios (higher = faster) from kernel and wall time."""
+def _kernel_diffs(label: int | str, s: dict[str, list[dict]], top: int) -> list[dict]:
+    """The ``top`` kernel names whose time differs most from plugin-free's, per condition: the
+    median over repeats of each name's time (absent: 0) in samples ``s`` (condition -> samples,
+    each with ``by_name``: name -> [us, calls])."""
     med = statistics.median
-    rows = []
+    if "plugin_free" not in s:
+        return []
+    names = {c: {} for c in s}
+    for c, xs in s.items():
+        for name in {n for x in xs for n in x.get("by_name", {})}:
+            vals = [x["by_name"].get(name, [0.0, 0.0]) for x in xs]
+            names[c][name] = [round(med(v[0] for v in vals), 3), med(v[1] for v in vals)]
+    diffs = []
+    for c in [c for pair in PAIRS for c in pair if c in s]:
+        base, cur = names["plugin_free"], names[c]
+        delta = {n: cur.get(n, [0, 0])[0] - base.get(n, [0, 0])[0] for n in base.keys() | cur.keys()}
+        for n in sorted(delta, key=lambda n: -abs(delta[n]))[:top]:
+            diffs.append({"batch": label, "condition": c, "kernel": n, "plugin_free_us": base.get(n, [0, 0])[0],
+                          "us": cur.get(n, [0, 0])[0], "delta_us": round(delta[n], 3),
+                          "calls": f"{base.get(n, [0, 0])[1]:g} -> {cur.get(n, [0, 0])[1]:g}"})
+    return diffs
+
+
+def _prefill_summary(samples: dict[str, list[dict]], lengths: list[int], top: int) -> tuple[list[dict], list[dict]]:
+    """Per prompt length: medians, and throughput ratios (higher = faster) from kernel and wall time;
+    and the kernels whose time differs most from plugin-free's (a step run without a CUDA graph)."""
+    med = statistics.median
+    rows, diffs = [], []
     for p in lengths:
         s = {c: [r["prefill"][str(p)] for r in runs] for c, runs in samples.items() if runs}
         row = {"prompt_len": p}
@@ -371,7 +381,8 @@ def _prefill_summary(samples: dict[str, list[dict]], lengths: list[int]) -> list
         if "eager" in s:
             row["eager_over_plugin_free"] = _ratio(s, "plugin_free", "eager", "kernel_us")
         rows.append(row)
-    return rows
+        diffs += _kernel_diffs(f"prefill {p}", s, top)
+    return rows, diffs
 
 
 def _table(head: list[str], rows: list[list[str]]) -> list[str]:
@@ -411,7 +422,8 @@ def _markdown(rows: list[dict], diffs: list[dict], prefill: list[dict], conds: l
     out += _table(head, [[str(r["prompt_len"])] + [f(r.get(f"{c}_kernel_us")) for c in conds] +
                          [f(r.get(f"{c}_tokens_per_s")) for c in conds] + [f(r.get(k)) for k in ratios + eager] +
                          [f(r.get(f"wall_{k}")) for k in ratios] for r in prefill])
-    out += ["", "kernels whose time per step differs most from plugin-free (us per step)", ""]
+    out += ["", "kernels whose time per step differs most from plugin-free (us per step; batch: a decode step "
+            "of that many requests, or one prompt's prefill, a step run without a CUDA graph)", ""]
     out += _table(["batch", "condition", "kernel", "plugin-free", "condition", "delta", "calls/step"],
                   [[str(d["batch"]), d["condition"],
                     "`" + (d["kernel"] if len(d["kernel"]) <= 90 else d["kernel"][:87] + "...") + "`",
@@ -425,7 +437,8 @@ def _report(path: Path, top: int) -> None:
     result = json.loads(path.read_text())
     samples = {c: runs for c, runs in result["samples"].items() if runs}
     rows, diffs = _summary(samples, result["batches"], top)
-    prefill = _prefill_summary(samples, result.get("prefill_lens", []))
+    prefill, prefill_diffs = _prefill_summary(samples, result.get("prefill_lens", []), top)
+    diffs += prefill_diffs
     if "rows" not in result:
         result.update(rows=rows, prefill=prefill, top_kernels=diffs)
         path.write_text(json.dumps(result, indent=1))
@@ -500,7 +513,8 @@ def main() -> None:
     if not done:
         raise SystemExit("no engine process finished")
     rows, diffs = _summary(result["samples"], batches, args.top)
-    prefill = _prefill_summary(result["samples"], prefills)
+    prefill, prefill_diffs = _prefill_summary(result["samples"], prefills, args.top)
+    diffs += prefill_diffs
     result.update(rows=rows, prefill=prefill, top_kernels=diffs)
     args.out.write_text(json.dumps(result, indent=1))
     print(f"\n{shape}, {result['info']}, {args.repeats} processes per kind, S={steps} steps\n")
