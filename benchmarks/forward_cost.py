@@ -10,7 +10,8 @@ with nothing else on the device, an engine says which of three it is:
 * or neither (the cost comes from sharing the device, as the served comparison does).
 
 How: one engine in this process (``VLLM_ENABLE_V1_MULTIPROCESSING=0``), with or without hotwire
-(every layer armed, no request steered), the served benchmark's engine arguments and load shape
+(every layer armed; no request steered, or with ``--steered 0.5`` half of them, each its own spec,
+as served), the served benchmark's engine arguments and load shape
 (``serving.engine_args``: 128-token prompts, 64-192 new tokens, ``--max-seqs`` in flight, so the
 batch mixes arrivals and decodes as a served one does). Measured:
 
@@ -95,13 +96,21 @@ def _prompts(n: int, vocab: int, length: int, seed: int) -> list[dict]:
     return [{"prompt_token_ids": rng.integers(10, vocab - 10, length).tolist()} for _ in range(n)]
 
 
-def _load(llm, n: int, vocab: int, seed: int) -> None:
-    """``n`` served-shape requests through the engine at once (it admits ``max_num_seqs`` at a time)."""
+def _load(llm, n: int, vocab: int, seed: int, steered: float = 0.0, layers: tuple[int, int] = (0, 0)) -> None:
+    """``n`` served-shape requests through the engine at once (it admits ``max_num_seqs`` at a time);
+    every ``1/steered``-th one steered by a two-entry spec of its own on ``layers``, as the served
+    load steers (``serving.steer_spec``)."""
+    import math
+
     import numpy as np
+    from serving import SPEC_KEY, steer_spec
     from vllm import SamplingParams
 
     lengths = np.random.default_rng(seed).integers(MAX_TOKENS // 2, MAX_TOKENS + MAX_TOKENS // 2 + 1, n)
-    params = [SamplingParams(max_tokens=int(m), ignore_eos=True, temperature=0) for m in lengths]
+    params = [SamplingParams(max_tokens=int(m), ignore_eos=True, temperature=0,
+                             extra_args={SPEC_KEY: json.dumps(steer_spec(k, layers))}
+                             if math.floor((k + 1) * steered) > math.floor(k * steered) else None)
+              for k, m in enumerate(lengths)]
     llm.generate(_prompts(n, vocab, PROMPT_LEN, seed), params, use_tqdm=False)
 
 
@@ -194,6 +203,14 @@ def measure(args) -> dict:
     sys.path[:0] = [str(HERE / "bench_site"), str(HERE)]
     import host_state
     import step_phases
+    from serving import write_vectors
+
+    from hotwire.tools.tiny_model import steered_layers
+
+    shape = json.loads((Path(args.model) / "config.json").read_text())
+    layers = steered_layers(shape["num_hidden_layers"])
+    if args.steered:
+        os.environ["HOTWIRE_VECTORS"] = str(write_vectors(phases_dir / "vectors", shape["hidden_size"]))
 
     step_phases.install()  # before vLLM's engine core is imported
     if args.plugin and os.environ.get("BENCH_OP_OFF"):
@@ -203,7 +220,6 @@ def measure(args) -> dict:
     from vllm import LLM
 
     cuda = torch.cuda.is_available()
-    shape = json.loads((Path(args.model) / "config.json").read_text())
     engine = engine_args(shape, not cuda, args.max_seqs, PROMPT_LEN, MAX_TOKENS, 0.3)
     engine.update(model=args.model, seed=0, skip_tokenizer_init=True, max_num_batched_tokens=args.max_batched_tokens)
     if not args.dummy:
@@ -212,12 +228,12 @@ def measure(args) -> dict:
         engine.pop("enforce_eager", None)
     llm = LLM(**engine)
     vocab = shape["vocab_size"]
-    _load(llm, args.max_seqs, vocab, seed=1)  # warm-up: every graph size this load meets
+    _load(llm, args.max_seqs, vocab, seed=1, steered=args.steered, layers=layers)  # warm-up: every graph size
     if cuda:
         torch.cuda.synchronize()
     step_phases.read_events()
     first = step_phases.snapshot()
-    _load(llm, args.requests, vocab, seed=2)
+    _load(llm, args.requests, vocab, seed=2, steered=args.steered, layers=layers)
     if cuda:
         torch.cuda.synchronize()
     step_phases.read_events()
@@ -238,9 +254,14 @@ def measure(args) -> dict:
         timers.on = False
         undo()
     result = {"command": " ".join([Path(sys.executable).name] + sys.argv), "plugin": args.plugin,
+              "steered": args.steered,
               "device": torch.cuda.get_device_name() if cuda else "cpu", "engine": engine,
               "phases": step_phases.per_step(first, last),
               "host_state": {"after_load": host_state.snapshot()}}
+    if args.plugin:  # in this process: what the engine admitted and refused (steered_requests, unsteered_*)
+        from hotwire.engine_plugin.counters import process_counters
+
+        result["hotwire_counts"] = dict(process_counters().counts)
     if timers is not None:
         result["triton_launches"] = timers.report()
         result["host_state"]["in_forward"] = in_forward
@@ -304,6 +325,9 @@ def main() -> None:
     ap.add_argument("--model", help="a model folder (config.json)")
     ap.add_argument("--dummy", action="store_true", help="random weights (load_format=dummy)")
     ap.add_argument("--plugin", action="store_true", help="load hotwire, every layer armed")
+    ap.add_argument("--steered", type=float, default=0.0, metavar="FRACTION",
+                    help="this fraction of the timed requests sent a spec of its own, as the served load (0.5); "
+                         "a plugin-free engine is sent the same requests and ignores the specs")
     ap.add_argument("--max-seqs", type=int, default=256, help="requests in flight (served: 256)")
     ap.add_argument("--requests", type=int, default=1024, help="requests in the timed load")
     ap.add_argument("--max-batched-tokens", type=int, default=8192, help="as vllm serve's default on a GPU")
@@ -321,6 +345,8 @@ def main() -> None:
         return
     if not (args.model and args.out):
         ap.error("--model and --out are needed to measure")
+    if not 0 <= args.steered <= 1:
+        ap.error("--steered is a fraction of the requests, 0 to 1")
     result = measure(args)
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(result, indent=1))

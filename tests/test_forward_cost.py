@@ -1,12 +1,17 @@
-"""benchmarks/forward_cost.py: two runs' outputs compare phase by phase and call by call, and
-``BENCH_OP_OFF=graph`` (bench_site/op_off.py) takes the op out of an armed layer's forward."""
+"""benchmarks/forward_cost.py: two runs' outputs compare phase by phase and call by call,
+``BENCH_OP_OFF=graph`` (bench_site/op_off.py) takes the op out of an armed layer's forward, and a
+steered run's specs reach the engine."""
 
+import json
 import os
 import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 ROOT = Path(__file__).parents[1]
+SCRIPT = ROOT / "benchmarks" / "forward_cost.py"
 sys.path.insert(0, str(ROOT / "benchmarks"))
 
 from forward_cost import compare  # noqa: E402
@@ -242,3 +247,20 @@ def test_host_state_sees_inside_the_forward_what_is_not_there_after_it(monkeypat
     assert seen["us_per_call"] == {}
     assert host_state.snapshot()["profile"] == repr(prior)
     assert JITFunction.run is original
+
+
+@pytest.mark.vllm
+def test_a_steered_run_sends_half_the_requests_a_spec_each_and_the_engine_steers_them(tmp_path):
+    """``--steered 0.5``: the served load's specs reach a real engine (CPU, tiny model), every one
+    admitted, none refused: the GPU runs compare the forward of a steered engine, not a refusing one."""
+    from hotwire.tools.tiny_model import build_tiny
+
+    model = build_tiny(tmp_path / "model", layers=4)
+    out = tmp_path / "fc.json"
+    run = subprocess.run([sys.executable, str(SCRIPT), "--model", str(model), "--plugin", "--steered", "0.5",
+                          "--max-seqs", "8", "--requests", "32", "--repeat", "5", "--out", str(out)],
+                         capture_output=True, text=True, timeout=600)
+    assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
+    counts = json.loads(out.read_text())["hotwire_counts"]
+    assert counts["steered_requests"] == (8 + 32) // 2  # warm-up and timed loads, every other request
+    assert not {k: v for k, v in counts.items() if k.startswith("unsteered_") and v}
