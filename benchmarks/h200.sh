@@ -61,6 +61,13 @@
 #                                           # session 28 saw 0.76 with four servers on one GPU, where the
 #                                           # GPU was the bottleneck; session 33 saw 8B at 64 lose 4.4 %
 #                                           # under MPS)
+#   bash benchmarks/h200.sh nograph OUTDIR [SHAPE [C]]  # where a step run without a CUDA graph loses
+#                                           # time (session 36: nearly all of the 8B loss at 64 in flight;
+#                                           # default qwen3-8b, 64): a switched-off op node's GPU cost
+#                                           # (disabled_nodes.py), then one engine alone, plugin-free and
+#                                           # hotwire with half the requests steered (forward_cost.py
+#                                           # --steered 0.5, compared), then py-spy on both engine cores
+#                                           # served side by side (needs py-spy on PATH) (~9 min)
 #   bash benchmarks/h200.sh pair   OUTDIR   # two GPUs: TP=2 and PP=2 servers with runtime registration
 #                                           # (tests/test_e2e_parallel.py as deployed: bf16, graphs on)
 #   bash benchmarks/h200.sh all    OUTDIR   # the four stages one after another (0.6B, 4B, 8B; 64, 256 in
@@ -74,9 +81,9 @@
 set -u
 stage=${1:-} out=${2:-}
 case $stage in
-  checks|matrix|perf|serve|steered|split|forward|pair|all) [ -n "$out" ] ;;
+  checks|matrix|perf|serve|steered|nograph|split|forward|pair|all) [ -n "$out" ] ;;
   *) false ;;
-esac || { echo "usage: $0 checks|matrix|perf|serve|steered|split|forward|pair|all OUTDIR [ARGS...]" >&2; exit 2; }
+esac || { echo "usage: $0 checks|matrix|perf|serve|steered|nograph|split|forward|pair|all OUTDIR [ARGS...]" >&2; exit 2; }
 shift 2
 mkdir -p "$out/logs"
 limit=${HOTWIRE_JOB_LIMIT:-540}
@@ -173,6 +180,30 @@ steered() {  # steered [SHAPE [C]]: plugin-free and hotwire (half the requests s
       --out "$out/steered${mps:+-mps}-$shape-c$c.json"
     wait
   done
+}
+
+nograph() {  # nograph [SHAPE [C]]: see the header
+  local shape=${1:-qwen3-8b} c=${2:-64} kind flag
+  local model=/tmp/hw-$shape
+  python3 -c "from hotwire.tools.tiny_model import write_config; write_config('$model', '$shape')"
+  job disabled-nodes python3 benchmarks/disabled_nodes.py --layers 36 --out "$out/disabled-nodes.json"
+  wait
+  for kind in free steered; do
+    flag=()
+    [ $kind = steered ] && flag=(--plugin)
+    job "fc-$shape-$kind" python3 benchmarks/forward_cost.py --model "$model" --dummy --max-seqs "$c" \
+      --requests $((4 * c)) --steered 0.5 "${flag[@]}" --out "$out/fc-$shape-$kind.json"
+    wait
+  done
+  python3 benchmarks/forward_cost.py --compare "$out/fc-$shape-free.json" "$out/fc-$shape-steered.json" \
+    >"$out/compare-fc-$shape.json"
+  if command -v py-spy >/dev/null; then
+    job profile python3 benchmarks/profile_serve.py --simultaneous --shape "$shape" --concurrency "$c" --seconds 15 \
+      --step-phases --servers plugin_free hotwire --out "$out/profile-$shape-c$c.json"
+    wait
+  else
+    echo "no py-spy on PATH: no profile" >&2
+  fi
 }
 
 split() {  # split [A|B]: one simultaneous run under MPS, hotwire beside kinds that each leave one part out
