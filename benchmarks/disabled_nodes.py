@@ -35,6 +35,7 @@ import torch
 import torch.nn.functional as F
 
 from hotwire.engine_plugin import graph_switch, steer_op
+from kernel_time import device_kernels
 
 CONFIGS = ("no_op", "op_on", "op_off", "op_2")
 
@@ -55,7 +56,7 @@ def stack(layers: int, tokens: int, hidden: int) -> tuple[Callable[[bool], None]
     tok_row = torch.zeros(tokens, dtype=torch.int32, device=dev)  # every token on the null row
     anchors = [torch.nn.Parameter(torch.empty(1, device=dev)) for _ in range(layers)]
     armed = [steer_op.ArmedLayer(bank, route[:, pos], tok_row, step, pos) for pos in range(layers)]
-    for anchor, layer in zip(anchors, armed):  # bound while ``armed`` lives: ``forward`` holds it
+    for anchor, layer in zip(anchors, armed):
         steer_op.bind(anchor, layer)
     ws = [torch.randn(hidden, hidden, device=dev, dtype=bf16) / hidden**0.5 for _ in range(layers)]
     norm_w = torch.ones(hidden, device=dev, dtype=bf16)
@@ -64,7 +65,6 @@ def stack(layers: int, tokens: int, hidden: int) -> tuple[Callable[[bool], None]
     pos_ = torch.arange(tokens, device=dev)
 
     def forward(with_op: bool) -> None:
-        assert armed  # the op finds its layers while the forward lives
         y = x
         for i in range(layers):
             out = y @ ws[i]  # [T, H]
@@ -72,6 +72,7 @@ def stack(layers: int, tokens: int, hidden: int) -> tuple[Callable[[bool], None]
                 torch.ops.hotwire.steer_(out, None, pos_, anchors[i])
             y = add_norm(h, out, norm_w)
 
+    forward.layers = armed  # the op's binding is weak: the layers live as long as the forward
     return forward, step
 
 
@@ -100,17 +101,14 @@ def time_replays(graph, n: int) -> float:
 
 def kernel_sums(graph, n: int) -> dict[str, float]:
     """µs per replay of each kernel name, summed from the profiler's device activity."""
-    from torch.autograd import DeviceType
-    from torch.profiler import ProfilerActivity, profile
 
-    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+    def replays():
         for _ in range(n):
             graph.replay()
         torch.cuda.synchronize()
-    sums: dict[str, float] = {}
-    for e in prof.events():
-        if e.device_type == DeviceType.CUDA and not e.name.startswith(("Memcpy", "Memset")):
-            sums[e.name] = sums.get(e.name, 0.0) + e.time_range.elapsed_us() / n
+
+    sums = {name: us / n for name, (us, _) in device_kernels(replays).items()
+            if not name.startswith(("Memcpy", "Memset"))}
     if not sums:
         raise SystemExit("the profile holds no device kernels (CUPTI off?)")
     return sums

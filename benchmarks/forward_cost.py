@@ -100,16 +100,14 @@ def _load(llm, n: int, vocab: int, seed: int, steered: float = 0.0, layers: tupl
     """``n`` served-shape requests through the engine at once (it admits ``max_num_seqs`` at a time);
     every ``1/steered``-th one steered by a two-entry spec of its own on ``layers``, as the served
     load steers (``serving.steer_spec``)."""
-    import math
-
     import numpy as np
-    from serving import SPEC_KEY, steer_spec
+    from serving import SPEC_KEY, steer_spec, steered_at
     from vllm import SamplingParams
 
     lengths = np.random.default_rng(seed).integers(MAX_TOKENS // 2, MAX_TOKENS + MAX_TOKENS // 2 + 1, n)
     params = [SamplingParams(max_tokens=int(m), ignore_eos=True, temperature=0,
                              extra_args={SPEC_KEY: json.dumps(steer_spec(k, layers))}
-                             if math.floor((k + 1) * steered) > math.floor(k * steered) else None)
+                             if steered_at(k, steered) else None)
               for k, m in enumerate(lengths)]
     llm.generate(_prompts(n, vocab, PROMPT_LEN, seed), params, use_tqdm=False)
 

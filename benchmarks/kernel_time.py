@@ -99,6 +99,26 @@ MODES = {"norm_m": {"mode": "norm", "scale": 0.05}, "ablate_m": {"mode": "ablate
 STEERED = {steered for _, steered in PAIRS} | {"eager"}  # conditions whose requests are steered
 
 
+def device_kernels(run, cpu: bool = False) -> dict[str, list[float]]:
+    """{name: [total us, count]} of the device kernels one call of ``run`` launches, from
+    ``torch.profiler`` (CUPTI); ``cpu``: the ops' self CPU time instead. Empty when the profile holds
+    none."""
+    from torch.autograd import DeviceType
+    from torch.profiler import ProfilerActivity, profile
+
+    device, activity = (DeviceType.CPU, ProfilerActivity.CPU) if cpu else (DeviceType.CUDA, ProfilerActivity.CUDA)
+    with profile(activities=[activity]) as prof:
+        run()
+    out: dict[str, list[float]] = {}
+    for e in prof.events():
+        if e.device_type != device:
+            continue
+        acc = out.setdefault(e.name, [0.0, 0])
+        acc[0] += e.self_cpu_time_total if cpu else e.time_range.elapsed_us()
+        acc[1] += 1
+    return out
+
+
 # ---------------------------------------------------------------- child: one engine, its conditions
 def _child(job_path: str, out: Path) -> None:
     job = json.loads(Path(job_path).read_text())
@@ -107,8 +127,6 @@ def _child(job_path: str, out: Path) -> None:
 
     import torch
     import vllm
-    from torch.autograd import DeviceType
-    from torch.profiler import ProfilerActivity, profile
     from vllm import LLM, SamplingParams
 
     smoke, batches, steps, prefills = job["smoke"], job["batches"], job["steps"], job["prefill"]
@@ -134,7 +152,6 @@ def _child(job_path: str, out: Path) -> None:
     fcntl.flock(gpu, fcntl.LOCK_EX)  # measure alone on the GPU; only start-ups overlap (released at exit)
     waited_s = time.perf_counter() - t0
 
-    device, activity = (DeviceType.CPU, ProfilerActivity.CPU) if smoke else (DeviceType.CUDA, ProfilerActivity.CUDA)
     l1, l2 = steered_layers(n_layers)
     sent = {"steered": 0}
 
@@ -157,18 +174,9 @@ def _child(job_path: str, out: Path) -> None:
         return time.perf_counter() - t
 
     def kernels(run) -> dict[str, list[float]]:
-        """{name: [total us, count]} of the device kernels (CPU: ops' self time) of one call."""
-        with profile(activities=[activity]) as prof:
-            run()
-        out: dict[str, list[float]] = {}
-        for e in prof.events():
-            if e.device_type != device:
-                continue
-            acc = out.setdefault(e.name, [0.0, 0])
-            acc[0] += e.self_cpu_time_total if smoke else e.time_range.elapsed_us()
-            acc[1] += 1
+        out = device_kernels(run, smoke)
         if not out:
-            raise SystemExit(f"{job['process']}: the profile holds no {device.name} kernels (CUPTI off?)")
+            raise SystemExit(f"{job['process']}: the profile holds no {'CPU' if smoke else 'CUDA'} kernels (CUPTI off?)")
         return out
 
     def per_step(short: dict, long: dict) -> dict:

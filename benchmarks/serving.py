@@ -467,6 +467,12 @@ def pool_entries(pool: int, layers: tuple[int, int]) -> set[tuple[str, int, floa
     return {(e["id"], e["layer"], e["scale"]) for g in range(pool) for e in steer_spec(g, layers)}
 
 
+def steered_at(k: int, fraction: float) -> bool:
+    """Is request ``k`` (from 0) of a load steered? ``fraction`` of them are, evenly spread (0.5:
+    every other one, from the second)."""
+    return math.floor((k + 1) * fraction) > math.floor(k * fraction)
+
+
 def bodies(seed: int, client: int, clients: int, vocab: int, layers: tuple[int, int], fraction: float,
            prompt_len: int, max_tokens: tuple[int, int], stagger: int = 0, pool: int | None = None,
            unknown_ids: bool = False, spec_key: str = SPEC_KEY):
@@ -492,7 +498,7 @@ def bodies(seed: int, client: int, clients: int, vocab: int, layers: tuple[int, 
             n = int(rng.integers(1, rng.choice(lengths, p=lengths / lengths.sum()) + 1))
         body = {"model": SERVED, "prompt": rng.integers(10, vocab - 10, prompt_len).tolist(),
                 "max_tokens": n, "temperature": 0.0, "ignore_eos": True}
-        if math.floor((k + 1) * fraction) > math.floor(k * fraction):
+        if steered_at(k, fraction):
             spec = steer_spec(g if pool is None else g % pool, layers, UNKNOWN_PREFIX if unknown_ids else "v")
             body["vllm_xargs"] = {spec_key: json.dumps(spec)}
         yield body

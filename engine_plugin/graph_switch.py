@@ -27,9 +27,10 @@ Measured (H200, ``docs/performance.md`` "Session 36"): correct, and no gain yet:
 switched-off node ran about as much longer as the op's kernel took, by kernel sums, and served
 tokens/s did not move. Hence off by default.
 
-Contract: :func:`want` turns it on (``HOTWIRE_GRAPH_SWITCH=1``); :func:`capturing` wraps one capture pass of vLLM's (graphs captured outside one
-are untouched); :data:`recording` is true while a kept graph captures, and the op then calls
-:func:`note` after each launch; :data:`STATS` says what was found.
+Contract: :func:`want` turns it on (``HOTWIRE_GRAPH_SWITCH=1``); :func:`capturing` wraps one
+capture pass of vLLM's (graphs captured outside one are untouched); :data:`recording` is true while
+a kept graph captures, and the op then calls :func:`note` after each launch; :data:`STATS` says
+what was found.
 """
 
 from __future__ import annotations
