@@ -221,6 +221,22 @@ def test_pair_ratio_pairs_two_servers_window_by_window_without_the_warm_up():
     assert np.isnan(rows[256]["tokens"][3])
 
 
+def test_pair_ratio_takes_a_sequential_round_as_the_mean_of_each_servers_windows():
+    """A B B A: two windows each a round; the ratio is of their means (serve_throughput's), and the
+    bootstrap draws rounds one by one."""
+    import pair_ratio
+
+    def sample(server, rnd, tokens):
+        return {"server": server, "round": rnd, "concurrency": 64, "tokens_per_s": tokens, "step_ms": 1000 / tokens}
+
+    samples = []
+    for r in range(3):  # the load drifts down within each round: a, b, b, a
+        samples += [sample("a", r, 200.0), sample("b", r, 160.0), sample("b", r, 140.0), sample("a", r, 100.0)]
+    assert pair_ratio.pair(samples, "a", "b")[64]["tokens"] == pytest.approx([1.0] * 3)
+    assert pair_ratio.block_for({"design": "sequential"}) == 1
+    assert pair_ratio.block_for({"design": "simultaneous"}) > 1
+
+
 def test_pooled_interval_resamples_each_run_within_itself():
     from serving import pooled_median_ci
 
@@ -247,7 +263,7 @@ def test_pair_ratio_pools_runs_of_one_setup_and_refuses_others():
         return {"samples": samples, "servers": ["pf", "hw"], "shape": "qwen3-0.6b", "vllm": "0.25.1", **setup}
 
     lines = pair_ratio.pooled_report([run([0.9] * 5), run([0.95] * 3)], "pf", "hw", 3)
-    assert lines == ["C=256: hw/pf tokens/s 0.9000 [0.9000-0.9000] over 8 windows of 2 runs (each run: 0.9000, 0.9500)"]
+    assert lines == ["C=256: hw/pf tokens/s 0.9000 [0.9000-0.9000] over 8 rounds of 2 runs (each run: 0.9000, 0.9500)"]
     with pytest.raises(SystemExit, match="'vllm'"):
         pair_ratio.pooled_report([run([0.9]), run([0.9], vllm="0.32.0")], "pf", "hw", 3)
     # the step-phase timers cost about 10 µs a step: a timed run pools only with timed ones
