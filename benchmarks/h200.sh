@@ -61,16 +61,15 @@
 #                                           # session 28 saw 0.76 with four servers on one GPU, where the
 #                                           # GPU was the bottleneck; session 33 saw 8B at 64 lose 4.4 %
 #                                           # under MPS)
-#   bash benchmarks/h200.sh nograph OUTDIR [A|B]  # where a step run without a CUDA graph loses time
-#                                           # (session 36: nearly all of the 8B loss at 64 in flight),
-#                                           # Qwen3 8B shape, one call each: A = a switched-off op node's
-#                                           # GPU cost (disabled_nodes.py), then kernel time by name,
-#                                           # plugin-free vs hotwire, of decode steps at 64 and of prefill
-#                                           # steps of 256 and 2048 tokens (steps without a graph) (~5 min);
-#                                           # B = one engine alone, plugin-free and hotwire with half the
-#                                           # requests steered (forward_cost.py --steered 0.5, compared),
-#                                           # then py-spy on both engine cores served side by side at 64
-#                                           # in flight (needs py-spy on PATH) (~8 min)
+#   bash benchmarks/h200.sh alone  OUTDIR [SHAPE [C [FIRST]]]  # served tokens/s, one GPU, each server
+#                                           # alone on it in turn (sequential A B B A: plugin-free and
+#                                           # hotwire, half the requests steered; default 8B, 64 in flight;
+#                                           # ~8.5 min at 8B, 13 rounds). FIRST = the server on the first
+#                                           # pinned cores (default plugin_free); pool a run of each
+#                                           # order with pair_ratio.py (session 37)
+#   bash benchmarks/h200.sh apart  OUTDIR [SHAPE [C]]  # two GPUs: the same two servers under load at
+#                                           # once, one GPU each (--gpu-each), twice with GPUs and cores
+#                                           # swapped, then both runs pooled (~9.5 min at 8B)
 #   bash benchmarks/h200.sh pair   OUTDIR   # two GPUs: TP=2 and PP=2 servers with runtime registration
 #                                           # (tests/test_e2e_parallel.py as deployed: bf16, graphs on)
 #   bash benchmarks/h200.sh all    OUTDIR   # the four stages one after another (0.6B, 4B, 8B; 64, 256 in
@@ -84,9 +83,9 @@
 set -u
 stage=${1:-} out=${2:-}
 case $stage in
-  checks|matrix|perf|serve|steered|nograph|split|forward|pair|all) [ -n "$out" ] ;;
+  checks|matrix|perf|serve|steered|alone|apart|split|forward|pair|all) [ -n "$out" ] ;;
   *) false ;;
-esac || { echo "usage: $0 checks|matrix|perf|serve|steered|nograph|split|forward|pair|all OUTDIR [ARGS...]" >&2; exit 2; }
+esac || { echo "usage: $0 checks|matrix|perf|serve|steered|alone|apart|split|forward|pair|all OUTDIR [ARGS...]" >&2; exit 2; }
 shift 2
 mkdir -p "$out/logs"
 limit=${HOTWIRE_JOB_LIMIT:-540}
@@ -185,36 +184,26 @@ steered() {  # steered [SHAPE [C]]: plugin-free and hotwire (half the requests s
   done
 }
 
-nograph() {  # nograph [A|B]: see the header
-  local shape=qwen3-8b c=64 kind flag
-  local model=/tmp/hw-$shape
-  case ${1:-A} in
-    A)
-      job disabled-nodes python3 benchmarks/disabled_nodes.py --layers 36 --out "$out/disabled-nodes.json"
-      wait
-      job kernel-time-$shape python3 benchmarks/kernel_time.py --shape $shape --processes plugin_free hotwire \
-        --parallel 2 --batches $c --steps 32 --prefill 256 2048 --repeats 1 --out "$out/kernel-time-$shape-nograph.json"
-      wait ;;
-    B)
-      python3 -c "from hotwire.tools.tiny_model import write_config; write_config('$model', '$shape')"
-      for kind in free steered; do
-        flag=()
-        [ $kind = steered ] && flag=(--plugin)
-        job "fc-$shape-$kind" python3 benchmarks/forward_cost.py --model "$model" --dummy --max-seqs $c \
-          --requests $((4 * c)) --steered 0.5 "${flag[@]}" --out "$out/fc-$shape-$kind.json"
-        wait
-      done
-      python3 benchmarks/forward_cost.py --compare "$out/fc-$shape-free.json" "$out/fc-$shape-steered.json" \
-        >"$out/compare-fc-$shape.json"
-      if command -v py-spy >/dev/null; then
-        job profile python3 benchmarks/profile_serve.py --simultaneous --shape $shape --concurrency $c --seconds 15 \
-          --step-phases --servers plugin_free hotwire --out "$out/profile-$shape-c$c.json"
-        wait
-      else
-        echo "no py-spy on PATH: no profile" >&2
-      fi ;;
-    *) echo "nograph parts are A and B" >&2; return 2 ;;
-  esac
+alone() {  # alone [SHAPE [C [FIRST]]]: see the header
+  local shape=${1:-qwen3-8b} c=${2:-64} first=${3:-plugin_free} order=(plugin_free hotwire)
+  [ "$first" = hotwire ] && order=(hotwire plugin_free)
+  job "alone-$shape-c$c-$first-first" python3 benchmarks/serve_throughput.py --shape "$shape" --concurrency "$c" \
+    --budget-s 480 --servers plugin_free hotwire --cores-order "${order[@]}" \
+    --out "$out/alone-$shape-c$c-$first-first.json"
+  wait
+}
+
+apart() {  # apart [SHAPE [C]]: see the header
+  local shape=${1:-qwen3-8b} c=${2:-64} first
+  for first in plugin_free hotwire; do
+    job "apart-$shape-c$c-$first-first" python3 benchmarks/serve_throughput.py --simultaneous --gpu-each \
+      --shape "$shape" --concurrency "$c" --budget-s 260 --servers plugin_free hotwire \
+      --cores-order $first $([ $first = hotwire ] && echo plugin_free || echo hotwire) \
+      --out "$out/apart-$shape-c$c-$first-first.json"
+    wait
+  done
+  python3 benchmarks/pair_ratio.py "$out"/apart-"$shape"-c"$c"-*-first.json plugin_free hotwire \
+    | tee "$out/apart-$shape-c$c-pooled.txt"
 }
 
 split() {  # split [A|B]: one simultaneous run under MPS, hotwire beside kinds that each leave one part out

@@ -34,9 +34,10 @@ from serving import median, median_ci, pooled_median_ci
 
 # what runs must share to pool their rounds (a result's keys)
 SETUP = ("servers", "shape", "config", "engine", "design", "window_s", "prompt_len", "max_tokens_range",
-         "steered_fraction", "spec_pool", "mps", "env", "vllm", "gpu", "step_phases_timed")
-# a key older results lack, and what it meant then (step phases were not timed before session 24)
-SETUP_DEFAULTS = {"step_phases_timed": False}
+         "steered_fraction", "spec_pool", "mps", "gpu_each", "env", "vllm", "gpu", "step_phases_timed")
+# keys older results lack, and what they meant then (step phases were not timed before session 24;
+# every server shared one GPU before session 37)
+SETUP_DEFAULTS = {"step_phases_timed": False, "gpu_each": False}
 
 
 def pair(samples: list[dict], a: str, b: str) -> dict[int, dict]:

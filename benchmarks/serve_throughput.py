@@ -18,7 +18,11 @@ Two designs. Sequential (the default): one server under load at a time, A B B A.
 same seconds. On the H200 one server's sequential windows scattered by 8-14 % and consecutive
 windows' residuals were correlated whichever server ran: much of the noise is common to whatever
 runs at that moment (the host, a shared machine), which only windows over the same seconds cancel
-(``simultaneous.py``).
+(``simultaneous.py``). But servers under load at once on one GPU also share it, and sharing is not
+neutral: at the Qwen3 8B shape, 64 in flight, hotwire made 0.917 of plugin-free's tokens/s sharing
+the GPU by time slices (session 36), while one engine alone on the GPU ran its steps as fast with
+hotwire as without (session 37). ``--gpu-each`` keeps the design and drops the sharing: each server
+on a GPU of its own, as served in production (two GPUs for two servers).
 
 How:
 * Servers: ``python -m vllm.entrypoints.openai.api_server`` subprocesses, each in its own session
@@ -56,9 +60,9 @@ How:
   servers differed by 2.5 % on two sets in session 15) and the load generator to the rest
   (``cpu_plan``: one core per process of the sequential load; simultaneous, all servers' load
   processes, ``CLIENTS_PER_CORE`` to a core; skipped when the CPUs are too few, and within
-  ``taskset`` when run under it). The servers share one GPU (with ``--mps`` under NVIDIA's
-  Multi-Process Service, their kernels at once rather than in turns: ``mps.py``): each gets ``--gpu-memory-utilization
-  0.25`` and an explicit ``--kv-cache-memory-bytes`` (room for every request at the largest
+  ``taskset`` when run under it). The servers share one GPU (with ``--gpu-each``, one GPU each;
+  with ``--mps`` under NVIDIA's Multi-Process Service, their kernels at once rather than in turns:
+  ``mps.py``): each gets ``--gpu-memory-utilization 0.25`` and an explicit ``--kv-cache-memory-bytes`` (room for every request at the largest
   concurrency, so nothing is preempted).
 * Load: ``/v1/completions`` with random token-id prompts (128 tokens), ``max_tokens`` uniform in
   64-192 (each slot's first request the rest of one under way: the load starts in its steady
@@ -196,7 +200,7 @@ import pair_ratio
 from hotwire.shared.mailbox import clock_ns
 from hotwire.tools.tiny_model import benchmark_model, steered_layers
 from serving import (RULE_CONFIGS, SERVER_CORES, Load, Server, add_common_args, check_steering, cpu_plan, engine_args,
-                     host_speed_us, median, median_ci, phase_readings, pool_entries, probe_steering, running, snapshot,
+                     gpu_names, host_speed_us, median, median_ci, phase_readings, pool_entries, probe_steering, running, snapshot,
                      start_run, startup_vectors, steer_spec, verdict, wait_ready, window_row, write_vectors)
 from gpu_busy import GpuBusy
 from mps import Mps
@@ -556,6 +560,14 @@ def _markdown(rows: list[dict], names: list[str], simultaneous: bool) -> str:
 
 
 # ---------------------------------------------------------------- main
+def gpu_each(order: list[str], gpus: int) -> dict[str, int]:
+    """``--gpu-each``: the server that takes the N-th pinned CPU set (``--cores-order``) runs on GPU N,
+    so a run with the order reversed swaps GPUs as well as cores."""
+    if gpus < len(order):
+        raise SystemExit(f"--gpu-each: {len(order)} servers need as many GPUs, {gpus} visible")
+    return {name: i for i, name in enumerate(order)}
+
+
 def _check_servers(names: list[str]) -> None:
     """No more servers than share the GPU's memory (each sizes itself to a fixed share at start)."""
     if len(names) > MAX_SERVERS:
@@ -590,6 +602,11 @@ def main() -> None:
     ap.add_argument("--mps", action="store_true",
                     help="run the servers under NVIDIA's Multi-Process Service, so that their kernels share the "
                          "GPU at once rather than in turns (mps.py says why)")
+    ap.add_argument("--gpu-each", action="store_true",
+                    help="--simultaneous: each server on a GPU of its own (the N-th of --cores-order on GPU N), "
+                         "none shared, as one server per GPU runs in production; windows over the same seconds "
+                         "still cancel the host's noise. Run again with --cores-order reversed and pool both "
+                         "(pair_ratio.py): the ratio then follows the servers, not their GPUs or cores")
     ap.add_argument("--step-phases", action="store_true",
                     help="--simultaneous: time every engine core's step phase by phase (bench_site/step_phases.py) "
                          "and report each phase per step over the measured windows")
@@ -600,6 +617,9 @@ def main() -> None:
     _check_servers(names)
     if args.rotate_cores and not args.simultaneous:
         raise SystemExit("--rotate-cores moves servers between windows of the simultaneous design: add --simultaneous")
+    if args.gpu_each and (args.mps or not args.simultaneous):
+        raise SystemExit("--gpu-each gives each server a GPU of its own under the simultaneous design: add "
+                         "--simultaneous, leave out --mps")
     if args.step_phases and not args.simultaneous:
         raise SystemExit("--step-phases reads the engine cores over the simultaneous design's windows: add --simultaneous")
     order = args.cores_order or names
@@ -633,7 +653,9 @@ def main() -> None:
     if plan is not None:
         os.sched_setaffinity(0, plan[1])  # this process and the load generator's, which inherit it
     cpus = {n: plan[0][order.index(n)] for n in names} if plan is not None else dict.fromkeys(names)
-    servers = [make_server(n, work, model, engine, ",".join(map(str, layers)), cpus[n], original_env) for n in names]
+    gpus = gpu_each(order, len(gpu_names())) if args.gpu_each and not args.smoke else {}
+    servers = [make_server(n, work, model, engine, ",".join(map(str, layers)), cpus[n], original_env, gpus.get(n))
+               for n in names]
 
     result = {"command": " ".join([Path(sys.executable).name] + sys.argv), "date": time.strftime("%Y-%m-%d %H:%M"),
               "host": platform.node(), "host_python_us": host_speed_us(), "gpu": gpu or "cpu",
@@ -647,7 +669,7 @@ def main() -> None:
               "spec_pool": pool, "original": original, "client_processes": clients,
               "cpus": None if plan is None else {**cpus, "clients": plan[1]},
               "env": {k: os.environ[k] for k in ("VLLM_USE_V2_MODEL_RUNNER", RULE_CONFIGS) if k in os.environ},
-              "mps": args.mps,
+              "mps": args.mps, "gpu_each": args.gpu_each, "gpus": gpus or None,
               "step_phases_timed": bool(args.step_phases),
               "phases_s": {}, "stopped_by": {}, "stretches": {}, "step_phases": {}, "samples": []}
     args.out.parent.mkdir(parents=True, exist_ok=True)

@@ -118,16 +118,18 @@ def refusing(name: str) -> str | None:
 
 
 def make_server(name: str, work: Path, model: Path, engine: dict, steered: str, cpus: list[int] | None,
-                original: dict[str, str] | None = None) -> Server:
+                original: dict[str, str] | None = None, gpu: int | None = None) -> Server:
     """The server of kind ``name`` (``steered``: the steered layers as ``HOTWIRE_LAYERS`` writes
-    them; ``original``: the original's environment, for ``original``)."""
+    them; ``original``: the original's environment, for ``original``; ``gpu``: the one GPU it sees,
+    else every GPU this process sees)."""
     kind = KINDS[name]
+    device = {} if gpu is None else {"CUDA_VISIBLE_DEVICES": str(gpu)}
     if kind.original:
-        return Server(name, work, model, engine, plugin=False, vectors=work / "vectors-pt", cpus=cpus, env=original)
+        return Server(name, work, model, engine, plugin=False, vectors=work / "vectors-pt", cpus=cpus,
+                      env={**(original or {}), **device})
     own = str(work / f"{name}-own")
-    env = None if kind.env is None else {k: v.replace(STEERED, steered).replace(OWN_DIR, own)
-                                         for k, v in kind.env.items()}
-    if env is not None and "PYTHONPATH" in env and os.environ.get("PYTHONPATH"):  # in front of this run's
+    env = {**{k: v.replace(STEERED, steered).replace(OWN_DIR, own) for k, v in (kind.env or {}).items()}, **device}
+    if "PYTHONPATH" in env and os.environ.get("PYTHONPATH"):  # in front of this run's
         env["PYTHONPATH"] += os.pathsep + os.environ["PYTHONPATH"]
     return Server(name, work, model, {**engine, "enforce_eager": True} if kind.eager else engine, plugin=kind.plugin,
                   vectors=work / "vectors", cpus=cpus, env=env)

@@ -389,13 +389,19 @@ def host_speed_us() -> float:
     return round(per_call_us(lambda: sum(i * i for i in range(100_000)), repeat=7, inner=1), 1)
 
 
-def gpu_name() -> str | None:
+def gpu_names() -> list[str]:
+    """Each visible NVIDIA GPU's name and driver (``nvidia-smi``, in its index order); none without it."""
     try:
         out = subprocess.run(["nvidia-smi", "--query-gpu=name,driver_version", "--format=csv,noheader"],
                              capture_output=True, text=True, timeout=30)
     except (OSError, subprocess.TimeoutExpired):
-        return None
-    return out.stdout.splitlines()[0].strip() if out.returncode == 0 and out.stdout.strip() else None
+        return []
+    return [line.strip() for line in out.stdout.splitlines() if line.strip()] if out.returncode == 0 else []
+
+
+def gpu_name() -> str | None:
+    names = gpu_names()
+    return names[0] if names else None
 
 
 def startup_vectors(hidden: int) -> np.ndarray:

@@ -22,7 +22,8 @@ class HotwireConfig:
     idle_graphs: bool = True
     # inside captured graphs, switch the op's kernels off on layers no request of the step steers
     # (:mod:`.graph_switch`); off: every armed layer's kernel runs on every steered step. Off by
-    # default: no gain measured yet (docs/performance.md, "Session 36")
+    # default: ~1 µs of GPU time a layer a steered step, no served gain measured, the e2e suite not
+    # yet run with it (docs/performance.md, "Session 37")
     graph_switch: bool = False
     entries: int = 4  # routing columns: entries one request may put on one layer
     vectors_dir: str | None = None  # startup vectors, loaded before the mailbox opens

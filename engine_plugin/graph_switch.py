@@ -23,9 +23,12 @@ identity check on the frozenset: :meth:`.steer_op.StepState.route_layers` keeps 
 unchanged). A driver call that fails switches every node of that graph back on for good (said
 once): the graph then runs as captured, as without this module.
 
-Measured (H200, ``docs/performance.md`` "Session 36"): correct, and no gain yet: the kernel after a
-switched-off node ran about as much longer as the op's kernel took, by kernel sums, and served
-tokens/s did not move. Hence off by default.
+Measured (``docs/performance.md``, "Session 36" and "Session 37"): correct (the GPU suite, V1 and
+V2); replays timed with CUDA events (``benchmarks/disabled_nodes.py``, H100, 36 layers) say a
+switched-off node still costs about 0.8 µs where a live op kernel with nothing to write costs about
+1.8, so a steered step gains about 1 µs a layer nobody steers, and an idle step still wants graphs
+without the op (:mod:`.idle_graphs`); served tokens/s at the 8B shape did not move. Hence off by
+default.
 
 Contract: :func:`want` turns it on (``HOTWIRE_GRAPH_SWITCH=1``); :func:`capturing` wraps one
 capture pass of vLLM's (graphs captured outside one are untouched); :data:`recording` is true while

@@ -271,3 +271,22 @@ def test_pair_ratio_pools_runs_of_one_setup_and_refuses_others():
         pair_ratio.pooled_report([run([0.9]), run([0.9], step_phases_timed=True)], "pf", "hw", 3)
     # a result from before the key existed was not timed
     assert pair_ratio.pooled_report([run([0.9]), run([0.9], step_phases_timed=False)], "pf", "hw", 3)
+
+
+def test_gpu_each_puts_the_nth_server_of_the_cores_order_on_gpu_n():
+    """``--gpu-each``: a run with the order reversed swaps GPUs with the cores; too few GPUs refuse."""
+    assert serve_throughput.gpu_each(["plugin_free", "hotwire"], 2) == {"plugin_free": 0, "hotwire": 1}
+    assert serve_throughput.gpu_each(["hotwire", "plugin_free"], 4) == {"hotwire": 0, "plugin_free": 1}
+    with pytest.raises(SystemExit, match="2 servers need as many GPUs, 1 visible"):
+        serve_throughput.gpu_each(["plugin_free", "hotwire"], 1)
+
+
+def test_a_server_given_a_gpu_sees_only_that_gpu(tmp_path):
+    from server_kinds import make_server
+
+    for name in ("plugin_free", "hotwire_2", "original"):
+        on_1 = make_server(name, tmp_path, tmp_path, {}, "9,18", None, {"PYTHONPATH": "/x"}, gpu=1)
+        assert on_1.env["CUDA_VISIBLE_DEVICES"] == "1"
+        shared = make_server(name, tmp_path, tmp_path, {}, "9,18", None, {"PYTHONPATH": "/x"})
+        assert shared.env.get("CUDA_VISIBLE_DEVICES") == os.environ.get("CUDA_VISIBLE_DEVICES")
+    assert make_server("hotwire_2", tmp_path, tmp_path, {}, "9,18", None, gpu=0).env["HOTWIRE_LAYERS"] == "9,18"
