@@ -114,9 +114,10 @@ How:
   window, and its heartbeat thread's CPU share. These counters are published by the engine's
   heartbeat, so their deltas run between the two heartbeats last published before the window's
   edges (a window of 5 s spans 5-20 of them); counters an engine does not publish are left out.
-  Simultaneous windows also carry how busy the shared GPU was (``gpu_busy.py``: nvidia-smi's
-  ``utilization.gpu``, the mean over the window, and the SM clock), printed as its median: a GPU
-  kept busy by every server's kernels makes a step wait on the others' work too.
+  Every window also carries how busy its server's GPU was (``gpu_busy.py``: nvidia-smi's
+  ``utilization.gpu``, the mean over the window, and the SM clock), printed as each server's
+  median: a shared GPU kept busy by every server's kernels makes a step wait on the others' work
+  too, and a clock that sags in some windows shows there.
 * Step phases (``--step-phases``, simultaneous): every server's processes import
   ``bench_site/sitecustomize.py``, whose ``step_phases`` times its engine core's step phase by
   phase (scheduling, the runner's host work by CUDA-graph mode, the sampler's launch, waiting for
@@ -200,8 +201,9 @@ import pair_ratio
 from hotwire.shared.mailbox import clock_ns
 from hotwire.tools.tiny_model import benchmark_model, steered_layers
 from serving import (RULE_CONFIGS, SERVER_CORES, Load, Server, add_common_args, check_steering, cpu_plan, engine_args,
-                     gpu_names, host_speed_us, median, median_ci, phase_readings, pool_entries, probe_steering, running, snapshot,
-                     start_run, startup_vectors, steer_spec, verdict, wait_ready, window_row, write_vectors)
+                     host_speed_us, median, median_ci, phase_readings, pool_entries, probe_steering, running, smi_index,
+                     snapshot, start_run, startup_vectors, steer_spec, verdict, visible_gpus, wait_ready, window_row,
+                     write_vectors)
 from gpu_busy import GpuBusy
 from mps import Mps
 from bench_site import step_phases
@@ -274,8 +276,9 @@ def _check_log(server: Server, watches: dict) -> None:
 
 
 def _window(load: Load, server: Server, client: httpx.Client, concurrency: int, make: dict,
-            args: argparse.Namespace, pending: dict, watches: dict) -> dict:
-    """One window on one server (see the module's docstring). Its steering check waits for a
+            args: argparse.Namespace, pending: dict, watches: dict, busy: GpuBusy, gpu: int | None) -> dict:
+    """One window on one server (see the module's docstring), with how busy its GPU was (``gpu``:
+    nvidia-smi's index, :mod:`gpu_busy`). Its steering check waits for a
     heartbeat published after the server went idle: it runs at the server's next window (by then
     another server's window has usually passed), or at the end (``_check_pending``); the original's
     log is read once the server is idle."""
@@ -287,7 +290,7 @@ def _window(load: Load, server: Server, client: httpx.Client, concurrency: int, 
     load.wait(a["metrics"]["t"] + args.window_s)
     b = snapshot(server, client)
     sent = load.stop()
-    row = window_row(a, b)
+    row = {**window_row(a, b), **(busy.between(a["metrics"]["t"], b["metrics"]["t"], gpu) or {})}
     row["drain_s"] = round(server.wait_idle(client), 3)
     row.update(_sent_fields(sent))
     _check_window(server.name, row, args.smoke)
@@ -324,14 +327,15 @@ def _check_pending(server: Server, pending: dict) -> dict[str, int]:
 
 
 def _rounds(load: Load, servers: list[Server], client: httpx.Client, c: int, make: dict, args: argparse.Namespace,
-            c_end: float, rounds: int, pending: dict, watches: dict, save) -> None:
+            c_end: float, rounds: int, pending: dict, watches: dict, save, busy: GpuBusy,
+            gpu_of: dict[str, int | None]) -> None:
     """One concurrency in the sequential design: a warm-up window per server, then A B B A rounds
     (module docstring: Order)."""
     names = [s.name for s in servers]
     result = save.result
     t = time.monotonic()
     for s in servers:
-        row = _window(load, s, client, c, {**make, "seed": 10_000 + c}, args, pending, watches)
+        row = _window(load, s, client, c, {**make, "seed": 10_000 + c}, args, pending, watches, busy, gpu_of[s.name])
         result["samples"].append({"concurrency": c, "round": -1, "server": s.name, **row})
         print(f"C={c} warm-up {s.name}: {row['tokens_per_s']:.0f} tok/s", flush=True)
     result["phases_s"][f"c{c}_warmup"] = round(time.monotonic() - t, 1)
@@ -346,7 +350,8 @@ def _rounds(load: Load, servers: list[Server], client: httpx.Client, c: int, mak
         order = order + order[::-1]  # A B B A: each server once after the other, once after itself
         rows: dict[str, list[dict]] = {}
         for s in order:
-            w = _window(load, s, client, c, {**make, "seed": 1000 * c + r}, args, pending, watches)
+            w = _window(load, s, client, c, {**make, "seed": 1000 * c + r}, args, pending, watches, busy,
+                        gpu_of[s.name])
             rows.setdefault(s.name, []).append(w)
             result["samples"].append({"concurrency": c, "round": r, "server": s.name, **w})
         save()  # partial results survive a time-out
@@ -356,11 +361,13 @@ def _rounds(load: Load, servers: list[Server], client: httpx.Client, c: int, mak
 
 
 def _stretch(loads: LoadSet, servers: list[Server], client: httpx.Client, c: int, make: dict,
-             args: argparse.Namespace, c_end: float, rounds: int, watches: dict, save, busy: GpuBusy) -> None:
+             args: argparse.Namespace, c_end: float, rounds: int, watches: dict, save, busy: GpuBusy,
+             gpu_of: dict[str, int | None]) -> None:
     """One concurrency in the simultaneous design: every server's load started together and run
     without a stop through a warm-up window and back-to-back windows that share their edges, then
     the steering checked over the whole stretch (module docstring: How, Order, Checks). Each
-    window's row carries how busy the shared GPU was over it (``busy``, :mod:`gpu_busy`)."""
+    window's row carries how busy its server's GPU (``gpu_of``: nvidia-smi's index; with ``--gpu-each``
+    one per server, else the one they share) was over it (``busy``, :mod:`gpu_busy`)."""
     names = [s.name for s in servers]
     result = save.result
     processes = args.client_processes or default_processes(c)
@@ -376,13 +383,13 @@ def _stretch(loads: LoadSet, servers: list[Server], client: httpx.Client, c: int
         rows, a, w = windows(a, b), b, k - 2  # window -1: the warm-up (from the start, its ramp included)
         if w == -1 and args.step_phases:
             first = phase_readings(servers, args.step_phases)
-        gpu = busy.between(t_a, t_b) or {}
+        gpu = {n: busy.between(t_a, t_b, gpu_of[n]) or {} for n in names}
         t_a = t_b
         for s in servers:
             _check_window(s.name, rows[s.name], args.smoke)
             _check_log(s, watches)
             result["samples"].append({"concurrency": c, "round": w, "server": s.name, "cpus": s.cpus,
-                                      **rows[s.name], **gpu})
+                                      **rows[s.name], **gpu[s.name]})
         save()  # partial results survive a time-out
         print(f"C={c} {'warm-up' if w < 0 else f'window {w}'}: {_cells({n: [rows[n]] for n in names}, names)}",
               flush=True)
@@ -461,12 +468,13 @@ def _summary(samples: list[dict], concurrency: list[int], names: list[str], bloc
         if not full:
             continue
         row = {"concurrency": c, "rounds": len(full), "block": block}
-        busy = [x["gpu_util"] for r in full for x in r["plugin_free"] if "gpu_util" in x]  # shared: one per window
-        if busy:
-            row["gpu_util"] = round(median(busy), 1)
-            row["gpu_util_range"] = [min(busy), max(busy)]
         for n in names:
             mine = [x for r in full for x in r[n]]  # every window of the server
+            busy = [(x["gpu_util"], x["sm_mhz"]) for x in mine if "gpu_util" in x]  # its GPU's, over its windows
+            if busy:
+                row[f"{n}_gpu_util"] = round(median([u for u, _ in busy]), 1)
+                row[f"{n}_gpu_util_range"] = [min(u for u, _ in busy), max(u for u, _ in busy)]
+                row[f"{n}_sm_mhz_range"] = [min(m for _, m in busy), max(m for _, m in busy)]
             row[f"{n}_tokens_per_s"] = round(median([x["tokens_per_s"] for x in mine]), 1)
             row[f"{n}_step_ms"] = round(median([x["step_ms"] for x in mine]), 3)
             row[f"{n}_steps"] = round(median([x["steps"] for x in mine]))
@@ -552,20 +560,22 @@ def _markdown(rows: list[dict], names: list[str], simultaneous: bool) -> str:
                      f"{r[f'{n}_over_plugin_free_ci95'][1]:.4f}]" for n in CONTRASTS if n in names]
         out.append(f"C={r['concurrency']} (target >= {TARGET}, {r['rounds']} {unit}): " +
                    "; ".join(verdicts + contrasts))
-        if "gpu_util" in r:
-            lo, hi = r["gpu_util_range"]
-            out.append(f"C={r['concurrency']}: the shared GPU ran a kernel {r['gpu_util']:g} % of the time "
-                       f"(median over windows, range {lo:g}-{hi:g}; nvidia-smi utilization.gpu)")
+        busy = [f"{n} {r[f'{n}_gpu_util']:g} % ({r[f'{n}_gpu_util_range'][0]:g}-{r[f'{n}_gpu_util_range'][1]:g}; SM "
+                f"{r[f'{n}_sm_mhz_range'][0]:g}-{r[f'{n}_sm_mhz_range'][1]:g} MHz)" for n in names if f"{n}_gpu_util" in r]
+        if busy:
+            out.append(f"C={r['concurrency']}: each server's GPU ran a kernel, median over its windows (range; SM "
+                       f"clock range), of the time: {', '.join(busy)} (nvidia-smi utilization.gpu)")
     return "\n".join(out)
 
 
 # ---------------------------------------------------------------- main
-def gpu_each(order: list[str], gpus: int) -> dict[str, int]:
-    """``--gpu-each``: the server that takes the N-th pinned CPU set (``--cores-order``) runs on GPU N,
-    so a run with the order reversed swaps GPUs as well as cores."""
-    if gpus < len(order):
-        raise SystemExit(f"--gpu-each: {len(order)} servers need as many GPUs, {gpus} visible")
-    return {name: i for i, name in enumerate(order)}
+def gpu_each(order: list[str], devices: list[str]) -> dict[str, str]:
+    """``--gpu-each``: the server that takes the N-th pinned CPU set (``--cores-order``) runs on the
+    N-th visible GPU (``devices``, :func:`serving.visible_gpus`), so a run with the order reversed
+    swaps GPUs as well as cores."""
+    if len(devices) < len(order):
+        raise SystemExit(f"--gpu-each: {len(order)} servers need as many GPUs, {len(devices)} visible")
+    return dict(zip(order, devices))
 
 
 def _check_servers(names: list[str]) -> None:
@@ -653,7 +663,9 @@ def main() -> None:
     if plan is not None:
         os.sched_setaffinity(0, plan[1])  # this process and the load generator's, which inherit it
     cpus = {n: plan[0][order.index(n)] for n in names} if plan is not None else dict.fromkeys(names)
-    gpus = gpu_each(order, len(gpu_names())) if args.gpu_each and not args.smoke else {}
+    visible = [] if args.smoke else visible_gpus()
+    gpus = gpu_each(order, visible) if args.gpu_each and not args.smoke else {}
+    gpu_of = {n: smi_index(gpus.get(n, visible[0] if visible else None)) for n in names}  # for GpuBusy
     servers = [make_server(n, work, model, engine, ",".join(map(str, layers)), cpus[n], original_env, gpus.get(n))
                for n in names]
 
@@ -679,7 +691,7 @@ def main() -> None:
     pending: dict = {}
     watches = {s.name: original_plugin.LogWatch(s.log) for s in servers if KINDS[s.name].original}
     client = httpx.Client(timeout=30)
-    with Mps(work) if args.mps else contextlib.nullcontext(), running(servers, load, client):
+    with Mps(work) if args.mps else contextlib.nullcontext(), running(servers, load, client), GpuBusy() as busy:
         for s in servers:
             s.start()
         result["startup_s"] = wait_ready(servers, t0)
@@ -695,10 +707,9 @@ def main() -> None:
             make = dict(vocab=shape["vocab_size"], layers=layers, fraction=args.steered_fraction,
                         prompt_len=prompt_len, max_tokens=lengths, pool=pool)
             if args.simultaneous:
-                with GpuBusy() as busy:
-                    _stretch(load, servers, client, c, make, args, c_end, rounds, watches, save, busy)
+                _stretch(load, servers, client, c, make, args, c_end, rounds, watches, save, busy, gpu_of)
             else:
-                _rounds(load, servers, client, c, make, args, c_end, rounds, pending, watches, save)
+                _rounds(load, servers, client, c, make, args, c_end, rounds, pending, watches, save, busy, gpu_of)
         for s in servers:
             if s.name in pending:
                 _check_pending(s, pending)

@@ -118,12 +118,12 @@ def refusing(name: str) -> str | None:
 
 
 def make_server(name: str, work: Path, model: Path, engine: dict, steered: str, cpus: list[int] | None,
-                original: dict[str, str] | None = None, gpu: int | None = None) -> Server:
+                original: dict[str, str] | None = None, gpu: str | None = None) -> Server:
     """The server of kind ``name`` (``steered``: the steered layers as ``HOTWIRE_LAYERS`` writes
-    them; ``original``: the original's environment, for ``original``; ``gpu``: the one GPU it sees,
-    else every GPU this process sees)."""
+    them; ``original``: the original's environment, for ``original``; ``gpu``: the one GPU it sees (a
+    ``CUDA_VISIBLE_DEVICES`` entry), else every GPU this process sees)."""
     kind = KINDS[name]
-    device = {} if gpu is None else {"CUDA_VISIBLE_DEVICES": str(gpu)}
+    device = {} if gpu is None else {"CUDA_VISIBLE_DEVICES": gpu}
     if kind.original:
         return Server(name, work, model, engine, plugin=False, vectors=work / "vectors-pt", cpus=cpus,
                       env={**(original or {}), **device})

@@ -389,6 +389,21 @@ def host_speed_us() -> float:
     return round(per_call_us(lambda: sum(i * i for i in range(100_000)), repeat=7, inner=1), 1)
 
 
+def visible_gpus() -> list[str]:
+    """The GPUs this process's children see, as ``CUDA_VISIBLE_DEVICES`` names them (else every
+    GPU ``nvidia-smi`` lists, by index)."""
+    visible = os.environ.get("CUDA_VISIBLE_DEVICES", "").strip()
+    if visible:
+        return [d.strip() for d in visible.split(",") if d.strip()]
+    return [str(i) for i in range(len(gpu_names()))]
+
+
+def smi_index(device: str | None) -> int | None:
+    """``nvidia-smi``'s index for a ``CUDA_VISIBLE_DEVICES`` entry; None for a UUID or none (then a
+    reading covers every GPU)."""
+    return int(device) if device is not None and device.isdigit() else None
+
+
 def gpu_names() -> list[str]:
     """Each visible NVIDIA GPU's name and driver (``nvidia-smi``, in its index order); none without it."""
     try:

@@ -83,12 +83,14 @@ def test_simultaneous_ratios_pair_the_windows_of_the_same_seconds():
     common = np.random.default_rng(2).uniform(0.7, 1.3, 20)
     samples = [_sample(256, -1, n, 5000.0) for n in names]  # the warm-up: not in the ratios
     for w, f in enumerate(common):
-        busy = {"gpu_util": 60.0 + w}  # the shared GPU's, the same in every server's row
+        busy = {"gpu_util": 60.0 + w, "sm_mhz": 1980 - w}  # the shared GPU's, the same in every server's row
         samples += [{**_sample(256, w, "plugin_free", 20000 * f), **busy}, {**_sample(256, w, "hotwire", 19600 * f), **busy},
-                    {**_sample(256, w, "plugin_free_2", 20000 * f), **busy}]
+                    {**_sample(256, w, "plugin_free_2", 20000 * f)}]  # this one's GPU not sampled
     row, = serve_throughput._summary(samples, [256], names, block=3)
     assert row["rounds"] == 20 and row["block"] == 3
-    assert row["gpu_util"] == 69.5 and row["gpu_util_range"] == [60.0, 79.0]
+    assert row["hotwire_gpu_util"] == 69.5 and row["plugin_free_gpu_util_range"] == [60.0, 79.0]
+    assert row["hotwire_sm_mhz_range"] == [1961, 1980] and "plugin_free_2_gpu_util" not in row
+    assert "hotwire 69.5 % (60-79; SM 1961-1980 MHz)" in serve_throughput._markdown([row], names, True)
     assert row["hotwire_over_plugin_free_ci95"] == [0.98, 0.98]
     assert row["hotwire_over_plugin_free_range"] == [0.98, 0.98]
     assert row["plugin_free_2_over_plugin_free"] == 1.0
@@ -187,16 +189,19 @@ def test_gpu_busy_summarises_the_samples_of_a_window_and_the_run_reports_their_m
     from gpu_busy import GpuBusy
 
     smi = tmp_path / "nvidia-smi"
-    smi.write_text("#!/bin/sh\nfor u in 90 [N/A] 100 80; do echo \"$u, 1980\"; sleep 0.05; done\nsleep 30\n")
+    smi.write_text("#!/bin/sh\nfor u in 90 [N/A] 100 80; do echo \"0, $u, 1980\"; echo \"1, 5, 1410\"; sleep 0.05; done\n"
+                   "sleep 30\n")
     smi.chmod(0o755)
     monkeypatch.setenv("PATH", f"{tmp_path}{os.pathsep}{os.environ['PATH']}")
     t0 = time.monotonic()
     with GpuBusy() as busy:
         deadline = time.monotonic() + 10
-        while len(busy._samples) < 3 and time.monotonic() < deadline:
+        while len(busy._samples) < 7 and time.monotonic() < deadline:
             time.sleep(0.02)
         t1 = time.monotonic()
-    assert busy.between(t0, t1) == {"gpu_util": 90.0, "gpu_util_min": 80.0, "sm_mhz": 1980, "gpu_samples": 3}
+    assert busy.between(t0, t1, 0) == {"gpu_util": 90.0, "gpu_util_min": 80.0, "sm_mhz": 1980, "gpu_samples": 3}
+    assert busy.between(t0, t1, 1)["gpu_util"] == 5.0  # each GPU apart
+    assert busy.between(t0, t1)["gpu_samples"] >= 6  # or all of them
     assert busy.between(t1 + 1, t1 + 2) is None
     monkeypatch.setenv("PATH", str(tmp_path / "none"))
     with GpuBusy() as none:
@@ -275,18 +280,24 @@ def test_pair_ratio_pools_runs_of_one_setup_and_refuses_others():
 
 def test_gpu_each_puts_the_nth_server_of_the_cores_order_on_gpu_n():
     """``--gpu-each``: a run with the order reversed swaps GPUs with the cores; too few GPUs refuse."""
-    assert serve_throughput.gpu_each(["plugin_free", "hotwire"], 2) == {"plugin_free": 0, "hotwire": 1}
-    assert serve_throughput.gpu_each(["hotwire", "plugin_free"], 4) == {"hotwire": 0, "plugin_free": 1}
+    assert serve_throughput.gpu_each(["plugin_free", "hotwire"], ["0", "1"]) == {"plugin_free": "0", "hotwire": "1"}
+    assert serve_throughput.gpu_each(["hotwire", "plugin_free"], ["2", "3", "4"]) == {"hotwire": "2", "plugin_free": "3"}
     with pytest.raises(SystemExit, match="2 servers need as many GPUs, 1 visible"):
-        serve_throughput.gpu_each(["plugin_free", "hotwire"], 1)
+        serve_throughput.gpu_each(["plugin_free", "hotwire"], ["0"])
+
+
+def test_visible_gpus_follow_cuda_visible_devices(monkeypatch):
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "2, 3")
+    assert serving.visible_gpus() == ["2", "3"]
+    assert [serving.smi_index(d) for d in ("2", "GPU-5f0e", None)] == [2, None, None]
 
 
 def test_a_server_given_a_gpu_sees_only_that_gpu(tmp_path):
     from server_kinds import make_server
 
     for name in ("plugin_free", "hotwire_2", "original"):
-        on_1 = make_server(name, tmp_path, tmp_path, {}, "9,18", None, {"PYTHONPATH": "/x"}, gpu=1)
+        on_1 = make_server(name, tmp_path, tmp_path, {}, "9,18", None, {"PYTHONPATH": "/x"}, gpu="1")
         assert on_1.env["CUDA_VISIBLE_DEVICES"] == "1"
         shared = make_server(name, tmp_path, tmp_path, {}, "9,18", None, {"PYTHONPATH": "/x"})
         assert shared.env.get("CUDA_VISIBLE_DEVICES") == os.environ.get("CUDA_VISIBLE_DEVICES")
-    assert make_server("hotwire_2", tmp_path, tmp_path, {}, "9,18", None, gpu=0).env["HOTWIRE_LAYERS"] == "9,18"
+    assert make_server("hotwire_2", tmp_path, tmp_path, {}, "9,18", None, gpu="0").env["HOTWIRE_LAYERS"] == "9,18"
