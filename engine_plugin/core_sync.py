@@ -54,7 +54,7 @@ from .counters import Counters, process_counters
 from .delta import PendingDelta
 from .file_watch import FileWatch
 from .registry import Registry
-from .step_decision import StepDecision
+from .step_decision import NOTHING, StepDecision
 from .stream_bound import StreamBudget
 
 log = logging.getLogger("vllm.hotwire")
@@ -172,26 +172,36 @@ class CoreSync:
     def on_schedule(self, scheduler_output: Any) -> None:
         """Decide this step's slot table and admissions, and send them with the step."""
         t = time.perf_counter_ns()
-        with self.lock:
-            delta = self.pending.take()
-            if delta is not None:
-                delta.apply(self.registry, None)
-            self.admission.finish(scheduler_output.finished_req_ids)
-            admitted = []
-            for req in scheduler_output.scheduled_new_reqs:
-                req_id, extra_args, prompt_len = request_args(req)
-                result = self.admission.admit(req_id, extra_args, prompt_len)
-                if isinstance(result, Admitted):
-                    admitted.append((req_id, result))
-        scheduler_output.hotwire = StepDecision(delta, tuple(admitted))  # every step: the ranks know the core decides
+        finished, new = scheduler_output.finished_req_ids, scheduler_output.scheduled_new_reqs
+        # every step carries a decision: the ranks know the core decides. A steady step (no request
+        # came or went, no change queued: a decode step between arrivals) has nothing to decide and takes no
+        # lock; a change the mailbox thread queues meanwhile is taken at the next step, as one
+        # queued just after the lock would be.
+        scheduler_output.hotwire = self._decide(finished, new) if finished or new or self.pending else NOTHING
         ns, c = time.perf_counter_ns() - t, self.counters
         c.steps += 1
         c.core_step_ns = ns
         c.host_ns += ns
         c.host_ns_core += ns
-        if scheduler_output.finished_req_ids or scheduler_output.scheduled_new_reqs:
+        if finished or new:
             c.steps_changed += 1
             c.host_ns_changed += ns
+
+    def _decide(self, finished: Any, new: Any) -> StepDecision:
+        """The slot-binding change queued since the last step, applied; finished requests
+        released; new ones admitted, in order."""
+        with self.lock:
+            delta = self.pending.take()
+            if delta is not None:
+                delta.apply(self.registry, None)
+            self.admission.finish(finished)
+            admitted = []
+            for req in new:
+                req_id, extra_args, prompt_len = request_args(req)
+                result = self.admission.admit(req_id, extra_args, prompt_len)
+                if isinstance(result, Admitted):
+                    admitted.append((req_id, result))
+        return StepDecision(delta, tuple(admitted))
 
     def prepare(self, extra_args: dict[str, Any], prompt_len: int) -> None:
         """A steered request's spec resolved as vLLM makes the request (:mod:`.arrival`: on the

@@ -79,6 +79,10 @@ class PendingDelta:
         self._binds.pop(slot, None)
         self._unbinds.add(slot)
 
+    def __bool__(self) -> bool:
+        """Changes wait for the next step."""
+        return bool(self._binds or self._unbinds)
+
     def take(self) -> SyncDelta | None:
         """The delta for the step being scheduled (None when nothing changed); starts anew."""
         if not (self._binds or self._unbinds):

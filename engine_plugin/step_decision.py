@@ -20,3 +20,8 @@ from .delta import SyncDelta
 class StepDecision:
     delta: SyncDelta | None  # the slot bindings' change at the start of the step, None: none
     admitted: tuple[tuple[str, Admitted], ...]  # (request id, what it was admitted with), in order
+
+
+# a step in which no request came or went and no slot binding changed: nothing to decide, one
+# object for all of them (the engine core's fast path, :meth:`.core_sync.CoreSync.on_schedule`)
+NOTHING = StepDecision(None, ())

@@ -266,3 +266,30 @@ def test_a_rank_says_nothing_of_the_core_during_vllms_warm_up(caplog):
         assert "did not load hotwire" not in caplog.text and not rank.warming
         rank.on_schedule(Step([new_req("r", None)]))  # served, and still no decision: the core lacks hotwire
     assert caplog.text.count("did not load hotwire") == 1
+
+
+class _Held:
+    """A lock the mailbox thread holds: entering it is a step thread waiting on that thread."""
+
+    def __enter__(self):
+        raise AssertionError("the step waited on the mailbox thread's lock")
+
+    def __exit__(self, *exc):
+        return False
+
+
+def test_a_steady_step_decides_nothing_without_the_lock_and_a_queued_change_waits_one_step(rig):
+    """Most decode steps bring no request, finish none and find no change queued: the core
+    decides nothing and never waits on the mailbox thread's lock there; a change queued while
+    such a step is decided binds with the next one, as one queued after the lock would."""
+    rig.step(new=[("r", _spec({"id": "v", "scale": 1.0}))])
+    lock, rig.core.lock = rig.core.lock, _Held()
+    steady = Step()
+    rig.core.on_schedule(steady)
+    rig.core.lock = lock
+    assert steady.hotwire.delta is None and steady.hotwire.admitted == ()
+    rig.control.write(1, "w", ANY_LAYER, np.ones(H, np.float32), gen=1)
+    rig.idle()
+    assert rig.registry.resolve("w", 1) is None  # queued, not yet bound
+    changed = rig.step()  # no request came or went, but a change is queued: decided under the lock
+    assert changed.hotwire.delta is not None and rig.registry.resolve("w", 1) == 1
