@@ -108,7 +108,8 @@ How:
   what the two share.
 * Where the time goes, per window: engine steps (``vllm:iteration_tokens_total``) and wall ms per
   step, CPU seconds per server process (API server, engine core; CUDA's spin-wait counts as busy)
-  and of the load generator, and for hotwire servers hotwire's own host time from its mailbox
+  and of the load generator, CPU seconds the hypervisor took from the server's cores (steal time:
+  on a VM, a neighbour's load slows a host-bound server's windows unevenly), and for hotwire servers hotwire's own host time from its mailbox
   counters (``host_stats``): µs per step overall, on steady steps and on steps where requests came
   or went, per hook (engine core, rank's schedule hook, rank's batch routing), its share of the
   window, and its heartbeat thread's CPU share. These counters are published by the engine's
@@ -482,6 +483,9 @@ def _summary(samples: list[dict], concurrency: list[int], names: list[str], bloc
             procs = sorted({p for x in mine for p in x["cpu_s"]})
             row[f"{n}_cpu_s"] = {p: round(median([x["cpu_s"].get(p, 0.0) for x in mine]), 2) for p in procs}
             row[f"{n}_client_cpu_s"] = round(median([sum(x["client_cpu_s"]) for x in mine]), 2)
+            steal = [x["steal_s"] for x in mine if "steal_s" in x]  # older results have none
+            if steal:
+                row[f"{n}_steal_s"] = [round(median(steal), 3), max(steal)]
             for field in HOST_FIELDS:
                 value = median([x.get(field) for x in mine])
                 if value is not None:
@@ -562,6 +566,11 @@ def _markdown(rows: list[dict], names: list[str], simultaneous: bool) -> str:
                    "; ".join(verdicts + contrasts))
         busy = [f"{n} {r[f'{n}_gpu_util']:g} % ({r[f'{n}_gpu_util_range'][0]:g}-{r[f'{n}_gpu_util_range'][1]:g}; SM "
                 f"{r[f'{n}_sm_mhz_range'][0]:g}-{r[f'{n}_sm_mhz_range'][1]:g} MHz)" for n in names if f"{n}_gpu_util" in r]
+        stolen = [f"{n} {r[f'{n}_steal_s'][0]:g} s (max {r[f'{n}_steal_s'][1]:g})" for n in names
+                  if r.get(f"{n}_steal_s", [0, 0])[1] > 0]
+        if stolen:
+            out.append(f"C={r['concurrency']}: CPU time the hypervisor took from each server's cores a window, "
+                       f"median: {', '.join(stolen)}")
         if busy:
             out.append(f"C={r['concurrency']}: each server's GPU ran a kernel, median over its windows (range; SM "
                        f"clock range), of the time: {', '.join(busy)} (nvidia-smi utilization.gpu)")

@@ -104,6 +104,14 @@ class Managed:
                     continue
         self.cpus = list(cpus)
 
+    def steal_seconds(self) -> float:
+        """CPU time the hypervisor has taken from this server's pinned cores so far (all cores when
+        unpinned; 0 on a host that is no VM): windows whose host was slowed by a neighbour show it."""
+        import psutil
+
+        times = psutil.cpu_times(percpu=True)
+        return sum(getattr(times[i], "steal", 0.0) for i in (self.cpus or range(len(times))) if i < len(times))
+
     def cpu_seconds(self) -> dict[str, float]:
         """CPU seconds (user + system, all threads) each process of the group has used so far, by
         process name (the API server's, ``VLLM::EngineCore``, ...): where a host-bound server's time goes."""
@@ -708,9 +716,9 @@ class Load:
 
 # ---------------------------------------------------------------- windows
 def snapshot(server: Server, client: httpx.Client) -> dict:
-    """A window edge: the server's /metrics, its processes' CPU seconds and, with hotwire, the
-    heartbeat last published (time stamp and counters)."""
-    out = {"metrics": server.metrics(client), "cpu": server.cpu_seconds()}
+    """A window edge: the server's /metrics, its processes' CPU seconds, the CPU time stolen from its
+    cores and, with hotwire, the heartbeat last published (time stamp and counters)."""
+    out = {"metrics": server.metrics(client), "cpu": server.cpu_seconds(), "steal": server.steal_seconds()}
     if server.plugin:
         out["beat_ns"], out["counters"] = server.beat()
     return out
@@ -718,8 +726,8 @@ def snapshot(server: Server, client: httpx.Client) -> dict:
 
 def window_row(a: dict, b: dict) -> dict:
     """What a window between two snapshots measured: generated tokens per second by the server's
-    counter, engine steps and ms per step, CPU seconds per server process and, with hotwire, its host
-    time per step (:func:`host_stats`)."""
+    counter, engine steps and ms per step, CPU seconds per server process, CPU seconds stolen from
+    its cores and, with hotwire, its host time per step (:func:`host_stats`)."""
     ma, mb = a["metrics"], b["metrics"]
     wall = mb["t"] - ma["t"]
     steps = int(mb["steps"] - ma["steps"])
@@ -728,7 +736,8 @@ def window_row(a: dict, b: dict) -> dict:
            "steps": steps, "step_ms": round(1000 * wall / max(steps, 1), 3),
            "preemptions": int(mb["preemptions"] - ma["preemptions"]),
            "metrics_read_ms": [round(ma["read_ms"], 1), round(mb["read_ms"], 1)],
-           "cpu_s": {k: round(v - a["cpu"].get(k, 0.0), 2) for k, v in b["cpu"].items()}}
+           "cpu_s": {k: round(v - a["cpu"].get(k, 0.0), 2) for k, v in b["cpu"].items()},
+           "steal_s": round(b["steal"] - a["steal"], 3)}
     if mb["ttft_count"] > ma["ttft_count"]:  # every request's first token, as the server timed it
         row["server_ttft_mean_ms"] = round(1000 * (mb["ttft_sum_s"] - ma["ttft_sum_s"])
                                            / (mb["ttft_count"] - ma["ttft_count"]), 2)

@@ -8,6 +8,7 @@ import shutil
 import sys
 import time
 import warnings
+from types import SimpleNamespace
 from pathlib import Path
 
 import numpy as np
@@ -91,10 +92,34 @@ def test_simultaneous_ratios_pair_the_windows_of_the_same_seconds():
     assert row["hotwire_gpu_util"] == 69.5 and row["plugin_free_gpu_util_range"] == [60.0, 79.0]
     assert row["hotwire_sm_mhz_range"] == [1961, 1980] and "plugin_free_2_gpu_util" not in row
     assert "hotwire 69.5 % (60-79; SM 1961-1980 MHz)" in serve_throughput._markdown([row], names, True)
+    assert "plugin_free_steal_s" not in row  # windows without steal time (older results): nothing said
     assert row["hotwire_over_plugin_free_ci95"] == [0.98, 0.98]
     assert row["hotwire_over_plugin_free_range"] == [0.98, 0.98]
     assert row["plugin_free_2_over_plugin_free"] == 1.0
     assert row["target"] == {"hotwire": "not met"}  # plugin_free_2 is a contrast, not a target
+
+
+def test_a_window_counts_the_cpu_time_stolen_from_its_servers_cores(tmp_path, monkeypatch):
+    """Steal time summed over the server's pinned cores (others left out), per window, and its
+    median and maximum per server reported beside the ratios."""
+    import psutil
+
+    stolen = {"now": 0.0}
+
+    def cpu_times(percpu=False):
+        return [SimpleNamespace(steal=stolen["now"] * (i + 1)) for i in range(4)]
+
+    monkeypatch.setattr(psutil, "cpu_times", cpu_times)
+    server = serving.Server("hotwire", tmp_path, tmp_path, {}, plugin=False, vectors=tmp_path, cpus=[1, 3])
+    before = server.steal_seconds()
+    stolen["now"] = 0.5
+    assert server.steal_seconds() - before == pytest.approx(0.5 * 2 + 0.5 * 4)  # cores 1 and 3 only
+    names = ["plugin_free", "hotwire"]
+    samples = [{**_sample(64, w, n, 10000.0), "steal_s": 0.2 * w if n == "hotwire" else 0.0}
+               for w in range(5) for n in names]
+    row, = serve_throughput._summary(samples, [64], names)
+    assert row["hotwire_steal_s"] == [0.4, 0.8] and row["plugin_free_steal_s"] == [0.0, 0.0]
+    assert "hotwire 0.4 s (max 0.8)" in serve_throughput._markdown([row], names, False)
 
 
 def test_too_few_blocks_stay_unresolved():
