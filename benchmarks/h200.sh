@@ -70,6 +70,12 @@
 #   bash benchmarks/h200.sh apart  OUTDIR [SHAPE [C]]  # two GPUs: the same two servers under load at
 #                                           # once, one GPU each (--gpu-each), twice with GPUs and cores
 #                                           # swapped, then both runs pooled (~9.5 min at 8B)
+#   bash benchmarks/h200.sh bar    OUTDIR [SHAPE [C]]  # the bar "<= 1 % when every request is steered",
+#                                           # by the GPU time of the engine's steps (CUDA events, not
+#                                           # kernel sums): one engine alone at a time (forward_cost.py),
+#                                           # plugin-free, hotwire idle, every request steered, and every
+#                                           # request steered with HOTWIRE_GRAPH_SWITCH=1, each compared
+#                                           # with plugin-free (default 0.6B, 256 in flight; ~4 min, 8B ~7)
 #   bash benchmarks/h200.sh pair   OUTDIR   # two GPUs: TP=2 and PP=2 servers with runtime registration
 #                                           # (tests/test_e2e_parallel.py as deployed: bf16, graphs on)
 #   bash benchmarks/h200.sh all    OUTDIR   # the four stages one after another (0.6B, 4B, 8B; 64, 256 in
@@ -83,9 +89,9 @@
 set -u
 stage=${1:-} out=${2:-}
 case $stage in
-  checks|matrix|perf|serve|steered|alone|apart|split|forward|pair|all) [ -n "$out" ] ;;
+  checks|matrix|perf|serve|steered|alone|apart|bar|split|forward|pair|all) [ -n "$out" ] ;;
   *) false ;;
-esac || { echo "usage: $0 checks|matrix|perf|serve|steered|alone|apart|split|forward|pair|all OUTDIR [ARGS...]" >&2; exit 2; }
+esac || { echo "usage: $0 checks|matrix|perf|serve|steered|alone|apart|bar|split|forward|pair|all OUTDIR [ARGS...]" >&2; exit 2; }
 shift 2
 mkdir -p "$out/logs"
 limit=${HOTWIRE_JOB_LIMIT:-540}
@@ -204,6 +210,24 @@ apart() {  # apart [SHAPE [C]]: see the header
   done
   python3 benchmarks/pair_ratio.py "$out"/apart-"$shape"-c"$c"-*-first.json plugin_free hotwire \
     | tee "$out/apart-$shape-c$c-pooled.txt"
+}
+
+bar() {  # bar [SHAPE [C]]: see the header
+  local shape=${1:-qwen3-0.6b} c=${2:-256} kind
+  local model=/tmp/hw-$shape
+  python3 -c "from hotwire.tools.tiny_model import write_config; write_config('$model', '$shape')"
+  for kind in free idle steered switched; do
+    local args=(--model "$model" --dummy --max-seqs "$c" --requests $((4 * c))) envs=()
+    case $kind in
+      idle) args+=(--plugin) ;;
+      steered) args+=(--plugin --steered 1) ;;
+      switched) args+=(--plugin --steered 1) envs=(HOTWIRE_GRAPH_SWITCH=1) ;;
+    esac
+    job "bar-$shape-$kind" env "${envs[@]}" python3 benchmarks/forward_cost.py "${args[@]}" --out "$out/bar-$shape-$kind.json"
+    wait
+    [ $kind = free ] || [ ! -f "$out/bar-$shape-$kind.json" ] || python3 benchmarks/forward_cost.py --compare \
+      "$out/bar-$shape-free.json" "$out/bar-$shape-$kind.json" >"$out/compare-bar-$shape-$kind.json"
+  done
 }
 
 split() {  # split [A|B]: one simultaneous run under MPS, hotwire beside kinds that each leave one part out
