@@ -32,7 +32,8 @@ class GpuBusy:
     def __enter__(self) -> "GpuBusy":
         exe = shutil.which("nvidia-smi")
         if exe is not None:
-            self._proc = subprocess.Popen([exe, "--query-gpu=index,utilization.gpu,clocks.sm", "--format=csv,noheader,nounits",
+            self._proc = subprocess.Popen([exe, "--query-gpu=index,utilization.gpu,clocks.sm",
+                                           "--format=csv,noheader,nounits",
                                            f"-lms={self._period_ms}"], stdout=subprocess.PIPE,
                                           stderr=subprocess.DEVNULL, text=True)
             self._reader = threading.Thread(target=self._read, daemon=True)

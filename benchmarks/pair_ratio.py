@@ -27,8 +27,8 @@ from __future__ import annotations
 
 import argparse
 import json
-from statistics import fmean as mean
 from pathlib import Path
+from statistics import fmean as mean
 
 from serving import median, median_ci, pooled_median_ci
 

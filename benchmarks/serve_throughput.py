@@ -62,8 +62,9 @@ How:
   processes, ``CLIENTS_PER_CORE`` to a core; skipped when the CPUs are too few, and within
   ``taskset`` when run under it). The servers share one GPU (with ``--gpu-each``, one GPU each;
   with ``--mps`` under NVIDIA's Multi-Process Service, their kernels at once rather than in turns:
-  ``mps.py``): each gets ``--gpu-memory-utilization 0.25`` and an explicit ``--kv-cache-memory-bytes`` (room for every request at the largest
-  concurrency, so nothing is preempted).
+  ``mps.py``): each gets ``--gpu-memory-utilization 0.25`` and an explicit
+  ``--kv-cache-memory-bytes`` (room for every request at the largest concurrency, so nothing is
+  preempted).
 * Load: ``/v1/completions`` with random token-id prompts (128 tokens), ``max_tokens`` uniform in
   64-192 (each slot's first request the rest of one under way: the load starts in its steady
   state, ``serving.bodies``), ``ignore_eos``, greedy; every other request carries ``"vllm_xargs": {"hotwire": spec}``
@@ -109,10 +110,10 @@ How:
 * Where the time goes, per window: engine steps (``vllm:iteration_tokens_total``) and wall ms per
   step, CPU seconds per server process (API server, engine core; CUDA's spin-wait counts as busy)
   and of the load generator, CPU seconds the hypervisor took from the server's cores (steal time:
-  on a VM, a neighbour's load slows a host-bound server's windows unevenly), and for hotwire servers hotwire's own host time from its mailbox
-  counters (``host_stats``): µs per step overall, on steady steps and on steps where requests came
-  or went, per hook (engine core, rank's schedule hook, rank's batch routing), its share of the
-  window, and its heartbeat thread's CPU share. These counters are published by the engine's
+  on a VM, a neighbour's load slows a host-bound server's windows unevenly), and for hotwire
+  servers hotwire's own host time from its mailbox counters (``host_stats``): µs per step overall,
+  on steady steps and on steps where requests came or went, per hook (engine core, rank's schedule
+  hook, rank's batch routing), its share of the window, and its heartbeat thread's CPU share. These counters are published by the engine's
   heartbeat, so their deltas run between the two heartbeats last published before the window's
   edges (a window of 5 s spans 5-20 of them); counters an engine does not publish are left out.
   Every window also carries how busy its server's GPU was (``gpu_busy.py``: nvidia-smi's
@@ -564,8 +565,9 @@ def _markdown(rows: list[dict], names: list[str], simultaneous: bool) -> str:
                      f"{r[f'{n}_over_plugin_free_ci95'][1]:.4f}]" for n in CONTRASTS if n in names]
         out.append(f"C={r['concurrency']} (target >= {TARGET}, {r['rounds']} {unit}): " +
                    "; ".join(verdicts + contrasts))
-        busy = [f"{n} {r[f'{n}_gpu_util']:g} % ({r[f'{n}_gpu_util_range'][0]:g}-{r[f'{n}_gpu_util_range'][1]:g}; SM "
-                f"{r[f'{n}_sm_mhz_range'][0]:g}-{r[f'{n}_sm_mhz_range'][1]:g} MHz)" for n in names if f"{n}_gpu_util" in r]
+        busy = [f"{n} {r[f'{n}_gpu_util']:g} % ({r[f'{n}_gpu_util_range'][0]:g}-{r[f'{n}_gpu_util_range'][1]:g}; "
+                f"SM {r[f'{n}_sm_mhz_range'][0]:g}-{r[f'{n}_sm_mhz_range'][1]:g} MHz)"
+                for n in names if f"{n}_gpu_util" in r]
         stolen = [f"{n} {r[f'{n}_steal_s'][0]:g} s (max {r[f'{n}_steal_s'][1]:g})" for n in names
                   if r.get(f"{n}_steal_s", [0, 0])[1] > 0]
         if stolen:
