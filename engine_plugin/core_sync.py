@@ -174,9 +174,9 @@ class CoreSync:
         t = time.perf_counter_ns()
         finished, new = scheduler_output.finished_req_ids, scheduler_output.scheduled_new_reqs
         # every step carries a decision: the ranks know the core decides. A steady step (no request
-        # came or went, no change queued: a decode step between arrivals) has nothing to decide and takes no
-        # lock; a change the mailbox thread queues meanwhile is taken at the next step, as one
-        # queued just after the lock would be.
+        # came or went, no change queued: a decode step between arrivals) has nothing to decide and
+        # takes no lock; a change the mailbox thread queues meanwhile is taken at the next step, as
+        # one queued just after the lock would be.
         scheduler_output.hotwire = self._decide(finished, new) if finished or new or self.pending else NOTHING
         ns, c = time.perf_counter_ns() - t, self.counters
         c.steps += 1
