@@ -8,8 +8,12 @@ the GPU's multiprocessors together, as a server alone on its GPU runs them (a Qw
 step fills a fraction of an H200).
 
 The control daemon gets pipe and log folders of the run's own (``CUDA_MPS_PIPE_DIRECTORY``,
-``CUDA_MPS_LOG_DIRECTORY``), set in this process's environment so every server started after
-inherits them, and is told to quit when the run ends.
+``CUDA_MPS_LOG_DIRECTORY``), and so does each server: a client finds the daemon through that pipe
+folder, and one started without it looks in the default folder, finds no daemon and runs
+time-sliced, without a word. The servers are made before the daemon starts, with their environment
+fixed then, so :class:`Mps` adds the two folders to each one's environment itself (until session 37
+it set them in this process's environment only, after the servers had copied it: the runs it meant
+to put under MPS ran time-sliced). The daemon is told to quit when the run ends.
 """
 
 from __future__ import annotations
@@ -17,15 +21,20 @@ from __future__ import annotations
 import os
 import shutil
 import subprocess
+from collections.abc import Iterable
 from pathlib import Path
+from typing import Any
 
 CONTROL = "nvidia-cuda-mps-control"
 
 
 class Mps:
-    def __init__(self, work: Path):
+    """The daemon for ``servers`` (not yet started; each has an ``env`` dict its process gets)."""
+
+    def __init__(self, work: Path, servers: Iterable[Any]):
         self.pipes, self.logs = work / "mps-pipe", work / "mps-log"
-        self._env: dict[str, str | None] = {}
+        self.env = {"CUDA_MPS_PIPE_DIRECTORY": str(self.pipes), "CUDA_MPS_LOG_DIRECTORY": str(self.logs)}
+        self.servers = list(servers)
         self._control: str | None = None
 
     def __enter__(self) -> "Mps":
@@ -34,16 +43,13 @@ class Mps:
             raise SystemExit(f"--mps: no {CONTROL} on PATH (it comes with NVIDIA's driver utilities)")
         self.pipes.mkdir(parents=True, exist_ok=True)
         self.logs.mkdir(parents=True, exist_ok=True)
-        for name, value in (("CUDA_MPS_PIPE_DIRECTORY", self.pipes), ("CUDA_MPS_LOG_DIRECTORY", self.logs)):
-            self._env[name] = os.environ.get(name)
-            os.environ[name] = str(value)
-        subprocess.run([control, "-d"], check=True)
+        for server in self.servers:
+            server.env.update(self.env)
+        subprocess.run([control, "-d"], check=True, env=self._daemon_env(), stdin=subprocess.DEVNULL)
         return self
 
     def __exit__(self, *exc) -> None:
-        subprocess.run([self._control], input=b"quit\n", check=False)
-        for name, value in self._env.items():
-            if value is None:
-                os.environ.pop(name, None)
-            else:
-                os.environ[name] = value
+        subprocess.run([self._control], input=b"quit\n", check=False, env=self._daemon_env())
+
+    def _daemon_env(self) -> dict[str, str]:
+        return {**os.environ, **self.env}

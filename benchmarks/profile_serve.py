@@ -345,7 +345,7 @@ def main() -> None:
     load = LoadSet(servers, processes) if args.simultaneous else Load(processes)
     client = httpx.Client(timeout=30)
     busy_s = args.settle_s + args.seconds + args.gil_seconds
-    with Mps(work) if args.mps else contextlib.nullcontext(), running(servers, load, client):
+    with Mps(work, servers) if args.mps else contextlib.nullcontext(), running(servers, load, client):
         for s in servers:
             s.start()
         result["startup_s"] = wait_ready(servers, t0)

@@ -702,7 +702,7 @@ def main() -> None:
     pending: dict = {}
     watches = {s.name: original_plugin.LogWatch(s.log) for s in servers if KINDS[s.name].original}
     client = httpx.Client(timeout=30)
-    with Mps(work) if args.mps else contextlib.nullcontext(), running(servers, load, client), GpuBusy() as busy:
+    with Mps(work, servers) if args.mps else contextlib.nullcontext(), running(servers, load, client), GpuBusy() as busy:
         for s in servers:
             s.start()
         result["startup_s"] = wait_ready(servers, t0)

@@ -326,3 +326,24 @@ def test_a_server_given_a_gpu_sees_only_that_gpu(tmp_path):
         shared = make_server(name, tmp_path, tmp_path, {}, "9,18", None, {"PYTHONPATH": "/x"})
         assert shared.env.get("CUDA_VISIBLE_DEVICES") == os.environ.get("CUDA_VISIBLE_DEVICES")
     assert make_server("hotwire_2", tmp_path, tmp_path, {}, "9,18", None, gpu="0").env["HOTWIRE_LAYERS"] == "9,18"
+
+
+def test_mps_reaches_the_servers_made_before_its_daemon(tmp_path, monkeypatch):
+    """A server finds the daemon through its pipe folder: each server (made, not yet started) gets
+    the run's folders in its own environment, and the daemon and its ``quit`` get the same."""
+    from mps import Mps
+
+    calls = tmp_path / "calls"
+    control = tmp_path / "nvidia-cuda-mps-control"
+    control.write_text(f"#!/bin/sh\necho \"$* pipe=$CUDA_MPS_PIPE_DIRECTORY in=$(cat)\" >> {calls}\n")
+    control.chmod(0o755)
+    monkeypatch.setenv("PATH", f"{tmp_path}{os.pathsep}{os.environ['PATH']}")
+    monkeypatch.delenv("CUDA_MPS_PIPE_DIRECTORY", raising=False)
+    servers = [serving.Server(n, tmp_path, tmp_path, {}, plugin=False, vectors=tmp_path, cpus=None)
+               for n in ("plugin_free", "hotwire")]
+    with Mps(tmp_path, servers) as mps:
+        pipe = str(mps.pipes)
+        assert all(s.env["CUDA_MPS_PIPE_DIRECTORY"] == pipe and s.env["CUDA_MPS_LOG_DIRECTORY"] == str(mps.logs)
+                   for s in servers)
+    assert calls.read_text().splitlines() == [f"-d pipe={pipe} in=", f" pipe={pipe} in=quit"]
+    assert "CUDA_MPS_PIPE_DIRECTORY" not in os.environ  # this process's own environment untouched
