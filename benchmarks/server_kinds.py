@@ -123,7 +123,8 @@ def make_server(name: str, work: Path, model: Path, engine: dict, steered: str, 
     them; ``original``: the original's environment, for ``original``; ``gpu``: the one GPU it sees (a
     ``CUDA_VISIBLE_DEVICES`` entry), else every GPU this process sees)."""
     kind = KINDS[name]
-    device = {} if gpu is None else {"CUDA_VISIBLE_DEVICES": gpu}
+    # in nvidia-smi's order (PCI bus), which its readings of the GPU (gpu_busy.py) are indexed by
+    device = {} if gpu is None else {"CUDA_VISIBLE_DEVICES": gpu, "CUDA_DEVICE_ORDER": "PCI_BUS_ID"}
     if kind.original:
         return Server(name, work, model, engine, plugin=False, vectors=work / "vectors-pt", cpus=cpus,
                       env={**(original or {}), **device})

@@ -322,7 +322,7 @@ def test_a_server_given_a_gpu_sees_only_that_gpu(tmp_path):
 
     for name in ("plugin_free", "hotwire_2", "original"):
         on_1 = make_server(name, tmp_path, tmp_path, {}, "9,18", None, {"PYTHONPATH": "/x"}, gpu="1")
-        assert on_1.env["CUDA_VISIBLE_DEVICES"] == "1"
+        assert on_1.env["CUDA_VISIBLE_DEVICES"] == "1" and on_1.env["CUDA_DEVICE_ORDER"] == "PCI_BUS_ID"
         shared = make_server(name, tmp_path, tmp_path, {}, "9,18", None, {"PYTHONPATH": "/x"})
         assert shared.env.get("CUDA_VISIBLE_DEVICES") == os.environ.get("CUDA_VISIBLE_DEVICES")
     assert make_server("hotwire_2", tmp_path, tmp_path, {}, "9,18", None, gpu="0").env["HOTWIRE_LAYERS"] == "9,18"
