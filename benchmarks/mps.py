@@ -48,6 +48,15 @@ class Mps:
         subprocess.run([control, "-d"], check=True, env=self._daemon_env(), stdin=subprocess.DEVNULL)
         return self
 
+    def check(self) -> None:
+        """Once the servers are up: the daemon has started an MPS server (it does when its first
+        client connects); without one every server runs time-sliced, and the run says so and stops."""
+        out = subprocess.run([self._control], input=b"get_server_list\n", capture_output=True, check=False,
+                             env=self._daemon_env())
+        if not out.stdout.split():
+            raise SystemExit(f"--mps: no server reached the MPS daemon (pipe folder {self.pipes}; its log: "
+                             f"{self.logs / 'control.log'}); they would share the GPU by time slices")
+
     def __exit__(self, *exc) -> None:
         subprocess.run([self._control], input=b"quit\n", check=False, env=self._daemon_env())
 

@@ -345,10 +345,12 @@ def main() -> None:
     load = LoadSet(servers, processes) if args.simultaneous else Load(processes)
     client = httpx.Client(timeout=30)
     busy_s = args.settle_s + args.seconds + args.gil_seconds
-    with Mps(work, servers) if args.mps else contextlib.nullcontext(), running(servers, load, client):
+    with Mps(work, servers) if args.mps else contextlib.nullcontext() as mps, running(servers, load, client):
         for s in servers:
             s.start()
         result["startup_s"] = wait_ready(servers, t0)
+        if mps is not None:
+            mps.check()
         if args.simultaneous:
             load.start(args.concurrency, make, time.time() + busy_s + 120, processes)
             load.wait(time.monotonic() + args.settle_s)

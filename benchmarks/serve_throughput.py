@@ -702,10 +702,13 @@ def main() -> None:
     pending: dict = {}
     watches = {s.name: original_plugin.LogWatch(s.log) for s in servers if KINDS[s.name].original}
     client = httpx.Client(timeout=30)
-    with Mps(work, servers) if args.mps else contextlib.nullcontext(), running(servers, load, client), GpuBusy() as busy:
+    daemon = Mps(work, servers) if args.mps else contextlib.nullcontext()
+    with daemon as mps, running(servers, load, client), GpuBusy() as busy:
         for s in servers:
             s.start()
         result["startup_s"] = wait_ready(servers, t0)
+        if mps is not None:
+            mps.check()
         result["vllm"] = client.get(servers[0].url + "/version").json().get("version")
         result["steering_probe"] = {"start": _probe(servers, client, layers, shape["vocab_size"], prompt_len)}
         for s in servers:

@@ -347,3 +347,21 @@ def test_mps_reaches_the_servers_made_before_its_daemon(tmp_path, monkeypatch):
                    for s in servers)
     assert calls.read_text().splitlines() == [f"-d pipe={pipe} in=", f" pipe={pipe} in=quit"]
     assert "CUDA_MPS_PIPE_DIRECTORY" not in os.environ  # this process's own environment untouched
+
+
+def test_a_run_under_mps_stops_when_no_server_reached_the_daemon(tmp_path, monkeypatch):
+    """The daemon starts an MPS server when its first client connects: none once the servers are
+    up means they run time-sliced, which the run must not report as MPS."""
+    from mps import Mps
+
+    servers_file = tmp_path / "servers"
+    control = tmp_path / "nvidia-cuda-mps-control"
+    control.write_text(f"#!/bin/sh\nread cmd\n[ \"$cmd\" = get_server_list ] && cat {servers_file}\nexit 0\n")
+    control.chmod(0o755)
+    monkeypatch.setenv("PATH", f"{tmp_path}{os.pathsep}{os.environ['PATH']}")
+    servers_file.write_text("")
+    with Mps(tmp_path, []) as mps, pytest.raises(SystemExit, match="no server reached the MPS daemon"):
+        mps.check()
+    servers_file.write_text("4242\n")
+    with Mps(tmp_path, []) as mps:
+        mps.check()  # a server runs: the clients reached it
