@@ -69,7 +69,7 @@
 #                                           # order with pair_ratio.py (session 37)
 #   bash benchmarks/h200.sh apart  OUTDIR [SHAPE [C]]  # two GPUs: the same two servers under load at
 #                                           # once, one GPU each (--gpu-each), twice with GPUs and cores
-#                                           # swapped, then both runs pooled (~9.5 min at 8B)
+#                                           # swapped, then both runs pooled (~9 min at 8B: 240 s each)
 #   bash benchmarks/h200.sh bar    OUTDIR [SHAPE [C]]  # the bar "<= 1 % when every request is steered",
 #                                           # by the GPU time of the engine's steps (CUDA events, not
 #                                           # kernel sums): one engine alone at a time (forward_cost.py),
@@ -203,7 +203,7 @@ apart() {  # apart [SHAPE [C]]: see the header
   local shape=${1:-qwen3-8b} c=${2:-64} first
   for first in plugin_free hotwire; do
     job "apart-$shape-c$c-$first-first" python3 benchmarks/serve_throughput.py --simultaneous --gpu-each \
-      --shape "$shape" --concurrency "$c" --budget-s 260 --servers plugin_free hotwire \
+      --shape "$shape" --concurrency "$c" --budget-s 240 --servers plugin_free hotwire \
       --cores-order $first $([ $first = hotwire ] && echo plugin_free || echo hotwire) \
       --out "$out/apart-$shape-c$c-$first-first.json"
     wait
