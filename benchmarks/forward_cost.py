@@ -324,8 +324,8 @@ def main() -> None:
     ap.add_argument("--dummy", action="store_true", help="random weights (load_format=dummy)")
     ap.add_argument("--plugin", action="store_true", help="load hotwire, every layer armed")
     ap.add_argument("--steered", type=float, default=0.0, metavar="FRACTION",
-                    help="this fraction of the timed requests sent a spec of its own, as the served load (0.5); "
-                         "a plugin-free engine is sent the same requests and ignores the specs")
+                    help="this fraction of the requests (warm-up and timed) sent a spec of its own, as the served "
+                         "load (0.5); a plugin-free engine is sent the same requests and ignores the specs")
     ap.add_argument("--max-seqs", type=int, default=256, help="requests in flight (served: 256)")
     ap.add_argument("--requests", type=int, default=1024, help="requests in the timed load")
     ap.add_argument("--max-batched-tokens", type=int, default=8192, help="as vllm serve's default on a GPU")
