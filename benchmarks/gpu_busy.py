@@ -5,7 +5,9 @@ servers' kernels together keep the GPU busy nearly all the time, a server's step
 others' kernels, and one with more GPU work per step (steering's kernels) loses more than its own
 work costs. Each window of a simultaneous stretch records the share of samples in which a kernel
 ran (``gpu_util``, nvidia-smi's ``utilization.gpu``: the percentage of its sample period with a
-kernel executing) and the SM clock, so a ratio can be read beside how saturated the GPU was.
+kernel executing), the SM clock, the board's power draw and why the clock was held below its
+maximum (nvidia-smi's ``clocks_event_reasons.active`` bits: power cap, thermal, ...), so a ratio
+can be read beside how saturated the GPU was and a slow window beside a clock the GPU held down.
 Sequential windows (one server alone on the GPU) and ``--gpu-each`` windows (a GPU per server)
 record their server's own GPU the same way: a clock that sags in some windows shows there.
 """
@@ -14,8 +16,21 @@ from __future__ import annotations
 
 import shutil
 import subprocess
+from collections import Counter
 import threading
 import time
+
+
+BASE = "index,utilization.gpu,clocks.sm"
+EXTRA = ",power.draw,clocks_event_reasons.active"  # older drivers name the second clocks_throttle_reasons
+# clocks_event_reasons bits worth naming (nvidia-smi -q -d PERFORMANCE); 0x1 (idle) is left out
+REASONS = {0x2: "app clocks", 0x4: "sw power cap", 0x8: "hw slowdown", 0x10: "sync boost",
+           0x20: "sw thermal", 0x40: "hw thermal", 0x80: "hw power brake", 0x100: "display clocks"}
+
+
+def reasons(mask: int) -> list[str]:
+    """The named reasons of one ``clocks_event_reasons.active`` mask."""
+    return [name for bit, name in REASONS.items() if mask & bit]
 
 
 class GpuBusy:
@@ -25,15 +40,17 @@ class GpuBusy:
 
     def __init__(self, period_ms: int = 200):
         self._period_ms = period_ms
-        self._samples: list[tuple[float, int, float, float]] = []  # (monotonic s, GPU index, utilization %, SM MHz)
+        # (monotonic s, GPU index, utilization %, SM MHz, power W or None, clock-event mask or None)
+        self._samples: list[tuple[float, int, float, float, float | None, int | None]] = []
         self._proc: subprocess.Popen | None = None
         self._reader: threading.Thread | None = None
 
     def __enter__(self) -> "GpuBusy":
         exe = shutil.which("nvidia-smi")
         if exe is not None:
-            self._proc = subprocess.Popen([exe, "--query-gpu=index,utilization.gpu,clocks.sm",
-                                           "--format=csv,noheader,nounits",
+            fields = next((BASE + extra for extra in (EXTRA, EXTRA.replace("event", "throttle"))
+                           if _accepted(exe, BASE + extra)), BASE)
+            self._proc = subprocess.Popen([exe, f"--query-gpu={fields}", "--format=csv,noheader,nounits",
                                            f"-lms={self._period_ms}"], stdout=subprocess.PIPE,
                                           stderr=subprocess.DEVNULL, text=True)
             self._reader = threading.Thread(target=self._read, daemon=True)
@@ -43,11 +60,15 @@ class GpuBusy:
     def _read(self) -> None:
         assert self._proc is not None and self._proc.stdout is not None
         for line in self._proc.stdout:
+            values = [v.strip() for v in line.split(",")]
             try:
-                index, util, clock = (float(v) for v in line.split(",")[:3])
+                index, util, clock = (float(v) for v in values[:3])
             except ValueError:
                 continue  # a GPU that reports "[N/A]"
-            self._samples.append((time.monotonic(), int(index), util, clock))
+            power = _number(values[3]) if len(values) > 3 else None
+            mask = _number(values[4], 16) if len(values) > 4 else None
+            self._samples.append((time.monotonic(), int(index), util, clock, power,
+                                  None if mask is None else int(mask)))
 
     def __exit__(self, *exc) -> None:
         if self._proc is not None:
@@ -55,12 +76,38 @@ class GpuBusy:
             self._proc.wait(timeout=10)
 
     def between(self, t0: float, t1: float, gpu: int | None = None) -> dict | None:
-        """``{"gpu_util": mean %, "gpu_util_min": %, "sm_mhz": mean, "gpu_samples": n}`` over
-        ``[t0, t1]``, of GPU ``gpu`` (nvidia-smi's index; None: every GPU's samples); None when
-        nothing was sampled there."""
-        got = [(u, c) for t, i, u, c in list(self._samples) if t0 <= t <= t1 and gpu in (None, i)]
+        """``{"gpu_util": mean %, "gpu_util_min": %, "sm_mhz": mean, "sm_mhz_min": MHz, "gpu_samples":
+        n}`` over ``[t0, t1]``, of GPU ``gpu`` (nvidia-smi's index; None: every GPU's samples), and
+        where the driver reports them ``"power_w"`` (mean) and ``"clock_held"`` (each named reason:
+        the share of samples it held the clock down); None when nothing was sampled there."""
+        got = [x[2:] for x in list(self._samples) if t0 <= x[0] <= t1 and gpu in (None, x[1])]
         if not got:
             return None
-        utils = [u for u, _ in got]
-        return {"gpu_util": round(sum(utils) / len(utils), 1), "gpu_util_min": min(utils),
-                "sm_mhz": round(sum(c for _, c in got) / len(got)), "gpu_samples": len(got)}
+        utils, clocks = [x[0] for x in got], [x[1] for x in got]
+        out = {"gpu_util": round(sum(utils) / len(utils), 1), "gpu_util_min": min(utils),
+               "sm_mhz": round(sum(clocks) / len(clocks)), "sm_mhz_min": min(clocks), "gpu_samples": len(got)}
+        power = [x[2] for x in got if x[2] is not None]
+        if power:
+            out["power_w"] = round(sum(power) / len(power), 1)
+        masks = [x[3] for x in got if x[3] is not None]
+        if masks:
+            held = Counter(name for mask in masks for name in reasons(mask))
+            out["clock_held"] = {name: round(n / len(masks), 2) for name, n in sorted(held.items())}
+        return out
+
+
+def _accepted(exe: str, fields: str) -> bool:
+    """Does this driver's nvidia-smi know every one of ``fields``?"""
+    try:
+        return subprocess.run([exe, f"--query-gpu={fields}", "--format=csv"], capture_output=True,
+                              timeout=10).returncode == 0
+    except subprocess.TimeoutExpired:
+        return False
+
+
+def _number(text: str, base: int = 10) -> float | None:
+    """A sample's field, None where the driver says "[N/A]" or the like."""
+    try:
+        return float(int(text, 16)) if base == 16 else float(text)
+    except ValueError:
+        return None

@@ -477,6 +477,12 @@ def _summary(samples: list[dict], concurrency: list[int], names: list[str], bloc
                 row[f"{n}_gpu_util"] = round(median([u for u, _ in busy]), 1)
                 row[f"{n}_gpu_util_range"] = [min(u for u, _ in busy), max(u for u, _ in busy)]
                 row[f"{n}_sm_mhz_range"] = [min(m for _, m in busy), max(m for _, m in busy)]
+            power = [x["power_w"] for x in mine if "power_w" in x]
+            if power:
+                row[f"{n}_power_w_range"] = [min(power), max(power)]
+            held = sorted({why for x in mine for why in x.get("clock_held", {})})
+            if held:  # each reason: the largest share of a window's samples it held the SM clock down
+                row[f"{n}_clock_held"] = {why: max(x.get("clock_held", {}).get(why, 0.0) for x in mine) for why in held}
             row[f"{n}_tokens_per_s"] = round(median([x["tokens_per_s"] for x in mine]), 1)
             row[f"{n}_step_ms"] = round(median([x["step_ms"] for x in mine]), 3)
             row[f"{n}_steps"] = round(median([x["steps"] for x in mine]))
@@ -566,7 +572,9 @@ def _markdown(rows: list[dict], names: list[str], simultaneous: bool) -> str:
         out.append(f"C={r['concurrency']} (target >= {TARGET}, {r['rounds']} {unit}): " +
                    "; ".join(verdicts + contrasts))
         busy = [f"{n} {r[f'{n}_gpu_util']:g} % ({r[f'{n}_gpu_util_range'][0]:g}-{r[f'{n}_gpu_util_range'][1]:g}; "
-                f"SM {r[f'{n}_sm_mhz_range'][0]:g}-{r[f'{n}_sm_mhz_range'][1]:g} MHz)"
+                f"SM {r[f'{n}_sm_mhz_range'][0]:g}-{r[f'{n}_sm_mhz_range'][1]:g} MHz"
+                + (f", {r[f'{n}_power_w_range'][0]:g}-{r[f'{n}_power_w_range'][1]:g} W" if f"{n}_power_w_range" in r else "")
+                + "".join(f", {why} up to {share:.0%}" for why, share in r.get(f"{n}_clock_held", {}).items()) + ")"
                 for n in names if f"{n}_gpu_util" in r]
         stolen = [f"{n} {r[f'{n}_steal_s'][0]:g} s (max {r[f'{n}_steal_s'][1]:g})" for n in names
                   if r.get(f"{n}_steal_s", [0, 0])[1] > 0]

@@ -20,6 +20,7 @@ import serve_throughput  # noqa: E402
 import serving  # noqa: E402
 from serving import block_resample, cpu_plan, median_ci  # noqa: E402
 from simultaneous import default_processes, read_order  # noqa: E402
+from gpu_busy import GpuBusy  # noqa: E402
 
 
 @pytest.mark.parametrize("n, block", [(10, 3), (12, 4), (7, 7), (5, 1)])
@@ -214,7 +215,8 @@ def test_gpu_busy_summarises_the_samples_of_a_window_and_the_run_reports_their_m
     from gpu_busy import GpuBusy
 
     smi = tmp_path / "nvidia-smi"
-    smi.write_text("#!/bin/sh\nfor u in 90 [N/A] 100 80; do echo \"0, $u, 1980\"; echo \"1, 5, 1410\"; sleep 0.05; done\n"
+    smi.write_text("#!/bin/sh\ncase \"$*\" in *-lms=*) ;; *) exit 0 ;; esac\n"  # the fields probe: accepted
+                   "for u in 90 [N/A] 100 80; do echo \"0, $u, 1980\"; echo \"1, 5, 1410\"; sleep 0.05; done\n"
                    "sleep 30\n")
     smi.chmod(0o755)
     monkeypatch.setenv("PATH", f"{tmp_path}{os.pathsep}{os.environ['PATH']}")
@@ -224,7 +226,8 @@ def test_gpu_busy_summarises_the_samples_of_a_window_and_the_run_reports_their_m
         while len(busy._samples) < 7 and time.monotonic() < deadline:
             time.sleep(0.02)
         t1 = time.monotonic()
-    assert busy.between(t0, t1, 0) == {"gpu_util": 90.0, "gpu_util_min": 80.0, "sm_mhz": 1980, "gpu_samples": 3}
+    assert busy.between(t0, t1, 0) == {"gpu_util": 90.0, "gpu_util_min": 80.0, "sm_mhz": 1980, "sm_mhz_min": 1980,
+                                          "gpu_samples": 3}
     assert busy.between(t0, t1, 1)["gpu_util"] == 5.0  # each GPU apart
     assert busy.between(t0, t1)["gpu_samples"] >= 6  # or all of them
     assert busy.between(t1 + 1, t1 + 2) is None
@@ -365,3 +368,25 @@ def test_a_run_under_mps_stops_when_no_server_reached_the_daemon(tmp_path, monke
     servers_file.write_text("4242\n")
     with Mps(tmp_path, []) as mps:
         mps.check()  # a server runs: the clients reached it
+
+
+def test_gpu_samples_say_power_and_why_the_clock_was_held():
+    """nvidia-smi's lines as the sampler reads them ("[N/A]" where a field is unknown): a window's
+    mean power and, per named reason, the share of its samples that held the SM clock down; the
+    summary row and the printed table carry both."""
+    busy = GpuBusy()
+    lines = ["0, 99, 1980, 650.5, 0x0000000000000000", "0, 98, 1755, 699.5, 0x0000000000000004",
+             "1, 10, 1980, 100.0, 0x0000000000000001", "0, 97, 1600, [N/A], 0x0000000000000044",
+             "0, [N/A], 1980, 1.0, 0x0"]
+    busy._proc = SimpleNamespace(stdout=iter(lines))
+    busy._read()
+    t = busy._samples[-1][0]
+    got = busy.between(0.0, t + 1, gpu=0)
+    assert got["gpu_samples"] == 3 and got["sm_mhz_min"] == 1600 and got["power_w"] == 675.0
+    assert got["clock_held"] == {"hw thermal": 0.33, "sw power cap": 0.67}
+    names = ["plugin_free", "hotwire"]
+    samples = [{**_sample(64, w, n, 4000.0), **got} for w in range(-1, 6) for n in names]
+    row, = serve_throughput._summary(samples, [64], names, block=1)
+    assert row["hotwire_power_w_range"] == [675.0, 675.0]
+    assert row["plugin_free_clock_held"] == {"hw thermal": 0.33, "sw power cap": 0.67}
+    assert "675-675 W, hw thermal up to 33%, sw power cap up to 67%)" in serve_throughput._markdown([row], names, True)
