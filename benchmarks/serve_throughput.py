@@ -117,9 +117,10 @@ How:
   heartbeat, so their deltas run between the two heartbeats last published before the window's
   edges (a window of 5 s spans 5-20 of them); counters an engine does not publish are left out.
   Every window also carries how busy its server's GPU was (``gpu_busy.py``: nvidia-smi's
-  ``utilization.gpu``, the mean over the window, and the SM clock), printed as each server's
-  median: a shared GPU kept busy by every server's kernels makes a step wait on the others' work
-  too, and a clock that sags in some windows shows there.
+  ``utilization.gpu``, the mean over the window, the SM clock, the board's power draw and the share
+  of samples in which each named reason held the clock down), printed as each server's median and
+  ranges: a shared GPU kept busy by every server's kernels makes a step wait on the others' work
+  too, and a clock that sags in some windows shows there, with its reason (power cap, thermal).
 * Step phases (``--step-phases``, simultaneous): every server's processes import
   ``bench_site/sitecustomize.py``, whose ``step_phases`` times its engine core's step phase by
   phase (scheduling, the runner's host work by CUDA-graph mode, the sampler's launch, waiting for
