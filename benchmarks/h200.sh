@@ -70,6 +70,10 @@
 #   bash benchmarks/h200.sh apart  OUTDIR [SHAPE [C]]  # two GPUs: the same two servers under load at
 #                                           # once, one GPU each (--gpu-each), twice with GPUs and cores
 #                                           # swapped, then both runs pooled (~9 min at 8B: 240 s each)
+#   bash benchmarks/h200.sh halves OUTDIR [SHAPE [C]]  # one GPU split in two: the same two servers under load at
+#                                           # once under MPS, each limited to half the SMs (--mps-split),
+#                                           # twice with cores swapped, then pooled (~9 min at 8B: 240 s
+#                                           # each); the one-GPU stand-in for apart (memory bandwidth shared)
 #   bash benchmarks/h200.sh bar    OUTDIR [SHAPE [C]]  # the bar "<= 1 % when every request is steered",
 #                                           # by the GPU time of the engine's steps (CUDA events, not
 #                                           # kernel sums): one engine alone at a time (forward_cost.py),
@@ -89,9 +93,9 @@
 set -u
 stage=${1:-} out=${2:-}
 case $stage in
-  checks|matrix|perf|serve|steered|alone|apart|bar|split|forward|pair|all) [ -n "$out" ] ;;
+  checks|matrix|perf|serve|steered|alone|apart|halves|bar|split|forward|pair|all) [ -n "$out" ] ;;
   *) false ;;
-esac || { echo "usage: $0 checks|matrix|perf|serve|steered|alone|apart|bar|split|forward|pair|all OUTDIR [ARGS...]" >&2; exit 2; }
+esac || { echo "usage: $0 checks|matrix|perf|serve|steered|alone|apart|halves|bar|split|forward|pair|all OUTDIR [ARGS...]" >&2; exit 2; }
 shift 2
 mkdir -p "$out/logs"
 limit=${HOTWIRE_JOB_LIMIT:-540}
@@ -210,6 +214,19 @@ apart() {  # apart [SHAPE [C]]: see the header
   done
   python3 benchmarks/pair_ratio.py "$out"/apart-"$shape"-c"$c"-*-first.json plugin_free hotwire \
     | tee "$out/apart-$shape-c$c-pooled.txt"
+}
+
+halves() {  # halves [SHAPE [C]]: see the header
+  local shape=${1:-qwen3-8b} c=${2:-64} first
+  for first in plugin_free hotwire; do
+    job "halves-$shape-c$c-$first-first" python3 benchmarks/serve_throughput.py --simultaneous --mps --mps-split \
+      --shape "$shape" --concurrency "$c" --budget-s 240 --servers plugin_free hotwire \
+      --cores-order $first $([ $first = hotwire ] && echo plugin_free || echo hotwire) \
+      --out "$out/halves-$shape-c$c-$first-first.json"
+    wait
+  done
+  python3 benchmarks/pair_ratio.py "$out"/halves-"$shape"-c"$c"-*-first.json plugin_free hotwire \
+    | tee "$out/halves-$shape-c$c-pooled.txt"
 }
 
 bar() {  # bar [SHAPE [C]]: see the header

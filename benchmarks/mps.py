@@ -14,6 +14,12 @@ time-sliced, without a word. The servers are made before the daemon starts, with
 fixed then, so :class:`Mps` adds the two folders to each one's environment itself (until session 37
 it set them in this process's environment only, after the servers had copied it: the runs it meant
 to put under MPS ran time-sliced). The daemon is told to quit when the run ends.
+
+``split``: each server may use only an equal share of the GPU's multiprocessors
+(``CUDA_MPS_ACTIVE_THREAD_PERCENTAGE``, per client), so the servers' kernels never take each other's
+SMs: a one-GPU stand-in for a GPU per server where a step is GPU-bound (8B), without the bias of
+shared SMs (a server with more kernel boundaries a step lets its neighbour's kernels in more often,
+docs/performance.md, session 33). Memory bandwidth and caches stay shared.
 """
 
 from __future__ import annotations
@@ -31,10 +37,12 @@ CONTROL = "nvidia-cuda-mps-control"
 class Mps:
     """The daemon for ``servers`` (not yet started; each has an ``env`` dict its process gets)."""
 
-    def __init__(self, work: Path, servers: Iterable[Any]):
+    def __init__(self, work: Path, servers: Iterable[Any], split: bool = False):
         self.pipes, self.logs = work / "mps-pipe", work / "mps-log"
         self.env = {"CUDA_MPS_PIPE_DIRECTORY": str(self.pipes), "CUDA_MPS_LOG_DIRECTORY": str(self.logs)}
         self.servers = list(servers)
+        # each server's share of the SMs, in percent (None: all of them, as MPS gives by default)
+        self.share = 100 // len(self.servers) if split and self.servers else None
         self._control: str | None = None
 
     def __enter__(self) -> "Mps":
@@ -45,6 +53,8 @@ class Mps:
         self.logs.mkdir(parents=True, exist_ok=True)
         for server in self.servers:
             server.env.update(self.env)
+            if self.share is not None:
+                server.env["CUDA_MPS_ACTIVE_THREAD_PERCENTAGE"] = str(self.share)
         subprocess.run([control, "-d"], check=True, env=self._daemon_env(), stdin=subprocess.DEVNULL)
         return self
 

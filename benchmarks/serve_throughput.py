@@ -61,8 +61,8 @@ How:
   (``cpu_plan``: one core per process of the sequential load; simultaneous, all servers' load
   processes, ``CLIENTS_PER_CORE`` to a core; skipped when the CPUs are too few, and within
   ``taskset`` when run under it). The servers share one GPU (with ``--gpu-each``, one GPU each;
-  with ``--mps`` under NVIDIA's Multi-Process Service, their kernels at once rather than in turns:
-  ``mps.py``): each gets ``--gpu-memory-utilization 0.25`` and an explicit
+  with ``--mps`` under NVIDIA's Multi-Process Service, their kernels at once rather than in turns,
+  and with ``--mps-split`` each on its own equal share of the SMs: ``mps.py``): each gets ``--gpu-memory-utilization 0.25`` and an explicit
   ``--kv-cache-memory-bytes`` (room for every request at the largest concurrency, so nothing is
   preempted).
 * Load: ``/v1/completions`` with random token-id prompts (128 tokens), ``max_tokens`` uniform in
@@ -632,6 +632,10 @@ def main() -> None:
     ap.add_argument("--mps", action="store_true",
                     help="run the servers under NVIDIA's Multi-Process Service, so that their kernels share the "
                          "GPU at once rather than in turns (mps.py says why)")
+    ap.add_argument("--mps-split", action="store_true",
+                    help="--mps: each server may use only an equal share of the GPU's SMs "
+                         "(CUDA_MPS_ACTIVE_THREAD_PERCENTAGE), so no server's kernels take another's; "
+                         "with --simultaneous, a one-GPU stand-in for --gpu-each (mps.py says what it leaves shared)")
     ap.add_argument("--gpu-each", action="store_true",
                     help="--simultaneous: each server on a GPU of its own (the N-th of --cores-order on GPU N), "
                          "none shared, as one server per GPU runs in production; windows over the same seconds "
@@ -650,6 +654,8 @@ def main() -> None:
     if args.gpu_each and (args.mps or not args.simultaneous):
         raise SystemExit("--gpu-each gives each server a GPU of its own under the simultaneous design: add "
                          "--simultaneous, leave out --mps")
+    if args.mps_split and not args.mps:
+        raise SystemExit("--mps-split divides the GPU between the servers under MPS: add --mps")
     if args.step_phases and not args.simultaneous:
         raise SystemExit("--step-phases reads the engine cores over the simultaneous design's windows: add --simultaneous")
     order = args.cores_order or names
@@ -701,7 +707,7 @@ def main() -> None:
               "spec_pool": pool, "original": original, "client_processes": clients,
               "cpus": None if plan is None else {**cpus, "clients": plan[1]},
               "env": {k: os.environ[k] for k in ("VLLM_USE_V2_MODEL_RUNNER", RULE_CONFIGS) if k in os.environ},
-              "mps": args.mps, "gpu_each": args.gpu_each, "gpus": gpus or None,
+              "mps": args.mps, "mps_split": args.mps_split, "gpu_each": args.gpu_each, "gpus": gpus or None,
               "step_phases_timed": bool(args.step_phases),
               "phases_s": {}, "stopped_by": {}, "stretches": {}, "step_phases": {}, "samples": []}
     args.out.parent.mkdir(parents=True, exist_ok=True)
@@ -711,7 +717,7 @@ def main() -> None:
     pending: dict = {}
     watches = {s.name: original_plugin.LogWatch(s.log) for s in servers if KINDS[s.name].original}
     client = httpx.Client(timeout=30)
-    daemon = Mps(work, servers) if args.mps else contextlib.nullcontext()
+    daemon = Mps(work, servers, split=args.mps_split) if args.mps else contextlib.nullcontext()
     with daemon as mps, running(servers, load, client), GpuBusy() as busy:
         for s in servers:
             s.start()

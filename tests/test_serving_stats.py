@@ -350,6 +350,11 @@ def test_mps_reaches_the_servers_made_before_its_daemon(tmp_path, monkeypatch):
                    for s in servers)
     assert calls.read_text().splitlines() == [f"-d pipe={pipe} in=", f" pipe={pipe} in=quit"]
     assert "CUDA_MPS_PIPE_DIRECTORY" not in os.environ  # this process's own environment untouched
+    assert all("CUDA_MPS_ACTIVE_THREAD_PERCENTAGE" not in s.env for s in servers)  # every SM, unless split
+    with Mps(tmp_path, servers + [serving.Server("plugin_free_2", tmp_path, tmp_path, {}, plugin=False,
+                                                 vectors=tmp_path, cpus=None)], split=True):
+        pass
+    assert [s.env["CUDA_MPS_ACTIVE_THREAD_PERCENTAGE"] for s in servers] == ["33", "33"]
 
 
 def test_a_run_under_mps_stops_when_no_server_reached_the_daemon(tmp_path, monkeypatch):
