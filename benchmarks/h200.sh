@@ -58,9 +58,9 @@
 #                                           # hotwire; at qwen3-8b also hotwire with HOTWIRE_GRAPH_SWITCH=1,
 #                                           # the op's kernels switched to the steered layers): under MPS,
 #                                           # then taking turns on the GPU by time slices (~8.5 min;
-#                                           # session 28 saw 0.76 with four servers on one GPU, where the
-#                                           # GPU was the bottleneck; session 33 saw 8B at 64 lose 4.4 %
-#                                           # under MPS)
+#                                           # session 38, 0.6B at 256: 0.966 under MPS, 0.953 by time
+#                                           # slices, both resolved; session 33's 8B at 64, 0.956, shared
+#                                           # by time slices: its MPS never reached the daemon)
 #   bash benchmarks/h200.sh alone  OUTDIR [SHAPE [C [FIRST]]]  # served tokens/s, one GPU, each server
 #                                           # alone on it in turn (sequential A B B A: plugin-free and
 #                                           # hotwire, half the requests steered; default 8B, 64 in flight;
