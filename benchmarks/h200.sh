@@ -203,31 +203,23 @@ alone() {  # alone [SHAPE [C [FIRST]]]: see the header
   wait
 }
 
-apart() {  # apart [SHAPE [C]]: see the header
-  local shape=${1:-qwen3-8b} c=${2:-64} first
+pair_runs() {  # pair_runs NAME SHAPE C ARGS...: plugin-free and hotwire under load at once (serve_throughput.py
+               # --simultaneous ARGS), twice with their cores (and GPUs) swapped, then both runs pooled
+  local name=$1 shape=$2 c=$3 first; shift 3
   for first in plugin_free hotwire; do
-    job "apart-$shape-c$c-$first-first" python3 benchmarks/serve_throughput.py --simultaneous --gpu-each \
+    job "$name-$shape-c$c-$first-first" python3 benchmarks/serve_throughput.py --simultaneous "$@" \
       --shape "$shape" --concurrency "$c" --budget-s 240 --servers plugin_free hotwire \
       --cores-order $first $([ $first = hotwire ] && echo plugin_free || echo hotwire) \
-      --out "$out/apart-$shape-c$c-$first-first.json"
+      --out "$out/$name-$shape-c$c-$first-first.json"
     wait
   done
-  python3 benchmarks/pair_ratio.py "$out"/apart-"$shape"-c"$c"-*-first.json plugin_free hotwire \
-    | tee "$out/apart-$shape-c$c-pooled.txt"
+  python3 benchmarks/pair_ratio.py "$out"/"$name"-"$shape"-c"$c"-*-first.json plugin_free hotwire \
+    | tee "$out/$name-$shape-c$c-pooled.txt"
 }
 
-halves() {  # halves [SHAPE [C]]: see the header
-  local shape=${1:-qwen3-8b} c=${2:-64} first
-  for first in plugin_free hotwire; do
-    job "halves-$shape-c$c-$first-first" python3 benchmarks/serve_throughput.py --simultaneous --mps --mps-split \
-      --shape "$shape" --concurrency "$c" --budget-s 240 --servers plugin_free hotwire \
-      --cores-order $first $([ $first = hotwire ] && echo plugin_free || echo hotwire) \
-      --out "$out/halves-$shape-c$c-$first-first.json"
-    wait
-  done
-  python3 benchmarks/pair_ratio.py "$out"/halves-"$shape"-c"$c"-*-first.json plugin_free hotwire \
-    | tee "$out/halves-$shape-c$c-pooled.txt"
-}
+apart() { pair_runs apart "${1:-qwen3-8b}" "${2:-64}" --gpu-each; }  # apart [SHAPE [C]]: see the header
+
+halves() { pair_runs halves "${1:-qwen3-8b}" "${2:-64}" --mps --mps-split; }  # halves [SHAPE [C]]: see the header
 
 bar() {  # bar [SHAPE [C]]: see the header
   local shape=${1:-qwen3-0.6b} c=${2:-256} kind
