@@ -31,6 +31,7 @@ from .staging import DeviceWords, HostRing, Span, clear, put
 from .steering import ArmedModel
 
 log = logging.getLogger("vllm.hotwire")
+NO_LAYERS: tuple[int, ...] = ()  # a step that steers no token: the op skips every layer
 
 
 class Router:
@@ -60,7 +61,8 @@ class Router:
         self._tok = np.zeros(0, dtype=np.int32)  # tok_row content on the device, up to its length
         self._layers_of: dict[str, tuple[int, ...]] = {}  # the armed layers (table positions) of each
         self._users = [0] * shape[0]  # steered requests in flight with an entry on each armed layer
-        self._live: list[int] | None = []  # the layers with users (None: to be counted again)
+        self._live: list[int] | None = []  # the layers with users (None: a count crossed zero, gather again)
+        self._routed: Sequence[int] | None = None  # what the last step told the op (route_layers)
 
     @property
     def direct(self) -> bool:
@@ -95,8 +97,9 @@ class Router:
         self._row_of[req_id] = admitted.row
         layers = self._layers_of[req_id] = tuple(layers)
         for pos in layers:
+            if not self._users[pos]:
+                self._live = None
             self._users[pos] += 1
-        self._live = None
         self._staged[admitted.row] = entries
         self._dirty = True
 
@@ -118,7 +121,8 @@ class Router:
             del self._row_of[req_id]
             for pos in self._layers_of.pop(req_id):
                 self._users[pos] -= 1
-            self._live = None
+                if not self._users[pos]:
+                    self._live = None
             self._dirty = True
             if admitted.gates:
                 self._gated_row_done(req_id, admitted)
@@ -177,10 +181,12 @@ class Router:
             tok = np.repeat(rows, num_tokens)
             if self._live is None:
                 self._live = [pos for pos, n in enumerate(self._users) if n]
-            self.tables.step.route_layers(self._live)
+            live = self._live
         else:
-            tok = self._tok[:0]
-            self.tables.step.route_layers(())
+            tok, live = self._tok[:0], NO_LAYERS
+        if live is not self._routed:  # the same list while no layer's count crossed zero
+            self.tables.step.route_layers(live)
+            self._routed = live
         if tok.shape != self._tok.shape or tok.tobytes() != self._tok.tobytes():  # bytes: numpy's != may let the GIL go
             n, at = max(len(tok), len(self._tok)), self._tok_at  # the last step's tokens past this one's: null row
             buf = self._ring.next() if buf is None else buf

@@ -85,6 +85,25 @@ def test_route_names_the_layers_the_steered_requests_in_flight_have_entries_on(r
     assert live() == []
 
 
+def test_a_step_after_one_that_steered_nothing_names_the_layers_again(rig):
+    """The layers are gathered again only when a layer's count of steered requests crosses zero;
+    a step whose batch holds none of the steered requests in flight names none, and the next step
+    that holds one must name their layers again though no count changed."""
+    tables, router = rig.tables, rig.router
+    rig.control.write(0, "v", ANY_LAYER, np.ones(H, np.float32), gen=1)
+    rig.step(new=[("one", _spec({"id": "v", "layer": 3}), 3), ("two", _spec({"id": "v", "layer": 3}), 3)])
+    router.route(["one", "two", "u"], np.array([1, 1, 1]))
+    named = tables.step.live
+    assert sorted(named) == [1]
+    rig.step(finished=["two"])  # layer 3 keeps a user: nothing gathered, the op told nothing new
+    router.route(["one", "u"], np.array([1, 1]))
+    assert tables.step.live is named
+    router.route(["u"], np.array([1]))  # "one" not in this step's batch (preempted, or not yet rescheduled)
+    assert tables.step.live == frozenset()
+    router.route(["one", "u"], np.array([1, 1]))
+    assert sorted(tables.step.live) == [1]
+
+
 def test_a_gated_requests_row_starts_closed_for_the_next_request(rig):
     """A prompt gate's decision is held per request row; the row's next request must not inherit
     it (it is cleared when the gated request finishes)."""
