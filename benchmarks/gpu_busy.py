@@ -16,9 +16,9 @@ from __future__ import annotations
 
 import shutil
 import subprocess
-from collections import Counter
 import threading
 import time
+from collections import Counter
 
 
 BASE = "index,utilization.gpu,clocks.sm"
