@@ -19,6 +19,7 @@ import subprocess
 import threading
 import time
 from collections import Counter
+from collections.abc import Callable
 
 
 BASE = "index,utilization.gpu,clocks.sm"
@@ -65,10 +66,9 @@ class GpuBusy:
                 index, util, clock = (float(v) for v in values[:3])
             except ValueError:
                 continue  # a GPU that reports "[N/A]"
-            power = _number(values[3]) if len(values) > 3 else None
-            mask = _number(values[4], 16) if len(values) > 4 else None
-            self._samples.append((time.monotonic(), int(index), util, clock, power,
-                                  None if mask is None else int(mask)))
+            power = _field(values[3], float) if len(values) > 3 else None
+            mask = _field(values[4], lambda text: int(text, 16)) if len(values) > 4 else None
+            self._samples.append((time.monotonic(), int(index), util, clock, power, mask))
 
     def __exit__(self, *exc) -> None:
         if self._proc is not None:
@@ -105,9 +105,9 @@ def _accepted(exe: str, fields: str) -> bool:
         return False
 
 
-def _number(text: str, base: int = 10) -> float | None:
-    """A sample's field, None where the driver says "[N/A]" or the like."""
+def _field(text: str, parse: Callable[[str], float | int]) -> float | int | None:
+    """A sample's field parsed, None where the driver says "[N/A]" or the like."""
     try:
-        return float(int(text, 16)) if base == 16 else float(text)
+        return parse(text)
     except ValueError:
         return None

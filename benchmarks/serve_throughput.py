@@ -62,9 +62,9 @@ How:
   processes, ``CLIENTS_PER_CORE`` to a core; skipped when the CPUs are too few, and within
   ``taskset`` when run under it). The servers share one GPU (with ``--gpu-each``, one GPU each;
   with ``--mps`` under NVIDIA's Multi-Process Service, their kernels at once rather than in turns,
-  and with ``--mps-split`` each on its own equal share of the SMs: ``mps.py``): each gets ``--gpu-memory-utilization 0.25`` and an explicit
-  ``--kv-cache-memory-bytes`` (room for every request at the largest concurrency, so nothing is
-  preempted).
+  and with ``--mps-split`` each on its own equal share of the SMs: ``mps.py``): each gets
+  ``--gpu-memory-utilization 0.25`` and an explicit ``--kv-cache-memory-bytes`` (room for every
+  request at the largest concurrency, so nothing is preempted).
 * Load: ``/v1/completions`` with random token-id prompts (128 tokens), ``max_tokens`` uniform in
   64-192 (each slot's first request the rest of one under way: the load starts in its steady
   state, ``serving.bodies``), ``ignore_eos``, greedy; every other request carries ``"vllm_xargs": {"hotwire": spec}``

@@ -212,8 +212,6 @@ def test_pin_moves_every_thread_of_every_process_of_a_server(tmp_path):
 def test_gpu_busy_summarises_the_samples_of_a_window_and_the_run_reports_their_median(tmp_path, monkeypatch):
     """``gpu_busy.GpuBusy`` reads ``nvidia-smi``'s CSV lines (here a stand-in script printing the
     same format, with a GPU that reports "[N/A]" once) and keeps only the samples inside a window."""
-    from gpu_busy import GpuBusy
-
     smi = tmp_path / "nvidia-smi"
     smi.write_text("#!/bin/sh\ncase \"$*\" in *-lms=*) ;; *) exit 0 ;; esac\n"  # the fields probe: accepted
                    "for u in 90 [N/A] 100 80; do echo \"0, $u, 1980\"; echo \"1, 5, 1410\"; sleep 0.05; done\n"
