@@ -5,7 +5,9 @@ vLLM calls (through :mod:`.hooks`):
   * ``on_schedule(scheduler_output)`` at the top of ``execute_model`` — the engine core's
     decision for the step (:mod:`.step_decision`): its slot-table delta, then finished requests
     and the ones the core admitted;
-  * ``on_batch(req_ids, num_tokens)`` after the runner has settled the step's batch;
+  * ``on_batch(req_ids, num_tokens)`` after the runner has settled the step's batch, or
+    ``on_states(batch, state_of)`` with the V2 runner, whose requests keep fixed state rows
+    (:mod:`.state_rows`);
   * ``warming`` set while the worker compiles and warms up (``compile_or_warm_up_model``), whose
     kernel warm-up runs steps that bring requests before the engine core's sync has started.
 
@@ -32,9 +34,18 @@ from .config import HotwireConfig
 from .counters import Counters, process_counters
 from .gate_report import GateReport
 from .routing import Router
+from .state_rows import StateBatch
 from .steering import SteeringTables, anchors, arm, decoder_layers
 
 log = logging.getLogger("vllm.hotwire")
+
+
+def _state_rows(runner: Any) -> int | None:
+    """How many request state rows the runner keeps (the V2 runner's ``RequestState``), None for a
+    runner without fixed ones (V1 moves its requests to fill holes)."""
+    req_states = getattr(runner, "req_states", None)
+    rows = getattr(req_states, "max_num_reqs", None)
+    return rows if isinstance(rows, int) and isinstance(getattr(req_states, "req_id_to_index", None), dict) else None
 
 
 def _steps_in_flight(vllm_config: Any) -> int:
@@ -97,7 +108,8 @@ class Steerer:
                      "concurrency that costs served throughput (docs/performance.md): set HOTWIRE_LAYERS to "
                      "the layers you steer", steps)
         counters = process_counters()
-        router = Router(armed_model, GateReport(tables.gate_counts, counters), depth=_steps_in_flight(vllm_config) + 1)
+        router = Router(armed_model, GateReport(tables.gate_counts, counters), depth=_steps_in_flight(vllm_config) + 1,
+                        states=_state_rows(runner))
         if router.tables.route.is_cuda:
             log.info("hotwire: routing uploads: %s%s", router.uploads,
                      "" if router.direct else " (each lets the GIL go), not the upload kernel")
@@ -129,6 +141,8 @@ class Steerer:
             self.router.finish(finished)
             for req_id, admitted in decision.admitted if decision is not None else ():
                 self.router.admit(req_id, admitted)
+            if self.router.states is not None:
+                self.router.states.arrived([r.req_id for r in scheduler_output.scheduled_new_reqs])
         ns, c = time.perf_counter_ns() - t, self.counters
         self._step_ns = ns
         c.host_ns += ns
@@ -141,7 +155,15 @@ class Steerer:
         no arrival or finish counts as a changed step all the same: under async scheduling a
         request at its ``max_tokens`` leaves the batch a step before it is reported finished."""
         t = time.perf_counter_ns()
-        moved = self.router.route(req_ids, num_tokens)
+        self._routed(self.router.route(req_ids, num_tokens), t)
+
+    def on_states(self, batch: StateBatch, state_of: dict[str, int]) -> None:
+        """:meth:`on_batch` for the V2 runner: its batch by request state rows, and its
+        ``req_id_to_index`` (:meth:`.routing.Router.route_states`)."""
+        t = time.perf_counter_ns()
+        self._routed(self.router.route_states(batch, state_of), t)
+
+    def _routed(self, moved: bool, t: int) -> None:
         idle_graphs.select(not self.router.steering)
         ns, c = time.perf_counter_ns() - t, self.counters
         c.host_ns += ns

@@ -23,6 +23,7 @@ from typing import Any
 from . import arrival, graph_switch, idle_graphs, salts, staging
 from .core_sync import CoreSync
 from .engine import Steerer
+from .state_rows import StateBatch
 
 log = logging.getLogger("vllm.hotwire")
 
@@ -53,10 +54,17 @@ def _after_v1_prepare(runner: Any, result: Any, args: tuple, kwargs: dict) -> No
 
 
 def _after_v2_prepare(runner: Any, batch: Any, args: tuple, kwargs: dict) -> None:
-    """V2 runner: ``prepare_inputs`` returns the settled batch."""
+    """V2 runner: ``prepare_inputs`` returns the settled batch, its entries' request state rows on
+    the host and the device (``idx_mapping``) and their token starts (``query_start_loc``)."""
     st = _steerer(runner)
-    if st is not None:
+    if st is None:
+        return
+    if st.router.states is None:
         st.on_batch(batch.req_ids, batch.num_scheduled_tokens)
+        return
+    st.on_states(StateBatch(batch.idx_mapping_np, batch.num_scheduled_tokens, batch.num_tokens,
+                            batch.idx_mapping.data_ptr(), batch.query_start_loc.data_ptr()),
+                 runner.req_states.req_id_to_index)
 
 
 @contextlib.contextmanager

@@ -3,14 +3,17 @@
 Per request, on arrival only: the engine core's :class:`.admission.Admission` resolved the spec
 to bank slots (:mod:`.step_decision`), and this rank writes one request row ``[A, K, 8]`` of its
 route table for the layers it holds.
-Per step: one vectorised ``np.repeat`` of request rows over the step's token counts; when that
-token map changed, one upload of it into ``tok_row``, through which the op reads each token's
-entries (decode steps of a steady batch reuse it: positions, not the map, move the token
-windows), and, in a step that steers, the layers the steered requests in flight have entries on,
-for the op to skip the rest (:class:`.steer_op.StepState`; counted as requests come and go).
+Per step, when the batch changed, the token map ``tok_row``, through which the op reads each
+token's entries (decode steps of a steady batch reuse it: positions, not the map, move the token
+windows): with the V2 runner, expanded on the device by the upload kernel from the runner's own
+map of the batch and hotwire's row per state row (:mod:`.state_rows`: no request looked up on the
+host); else one vectorised ``np.repeat`` of the batch's request rows over its token counts,
+uploaded when it changed. And, in a step that steers, the layers the steered requests in flight
+have entries on, for the op to skip the rest (:class:`.steer_op.StepState`; counted as requests
+come and go).
 Uploads go through :class:`.staging.HostRing` buffers, filled by ``memoryview`` copies and read
 by the GPU itself: at most one upload a step, the rows of the requests that arrived and a changed
-token map together. Nothing per step lets the GIL go but that upload's launch, neither a torch
+token map (or its expansion) together. Nothing per step lets the GIL go but that upload's launch, neither a torch
 call nor a large numpy operation (``.staging``).
 """
 
@@ -18,7 +21,7 @@ from __future__ import annotations
 
 import logging
 from array import array
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from itertools import repeat
 
 import numpy as np
@@ -27,7 +30,8 @@ import torch
 from .admission import Admitted, Term
 from .gate_report import GateReport
 from .interventions import PROBE, WORDS
-from .staging import DeviceWords, HostRing, Span, clear, put
+from .staging import DeviceWords, Expansion, HostRing, Span, clear, put
+from .state_rows import StateBatch, StateRows
 from .steering import ArmedModel
 
 log = logging.getLogger("vllm.hotwire")
@@ -36,21 +40,26 @@ NO_LAYERS: tuple[int, ...] = ()  # a step that steers no token: the op skips eve
 
 class Router:
     """``depth``: how many steps' uploads may be in flight at once, plus one
-    (:class:`.staging.HostRing`'s reuse contract)."""
+    (:class:`.staging.HostRing`'s reuse contract); ``states``: the V2 runner's request state rows
+    (:meth:`route_states`), None for a runner routed by request id (:meth:`route`)."""
 
-    def __init__(self, armed: ArmedModel, report: GateReport | None = None, depth: int = 3):
+    def __init__(self, armed: ArmedModel, report: GateReport | None = None, depth: int = 3,
+                 states: int | None = None):
         self.armed, self.report = armed, report
         self.tables = armed.tables
         rows, shape = self.tables.route.shape[0], self.tables.route.shape[1:]  # R+1, [A, K, 8]
         self._row_words = int(np.prod(shape))
         self._k_words = shape[1] * shape[2]  # words of one layer's entries in a request row
         device = self.tables.route.device
-        # each buffer: [m, A, K, 8] rows to write, then from word _tok_at [N] each token's row
+        # each buffer: [m, A, K, 8] rows to write, then from word _tok_at [N] each token's row, then
+        # from word _states_at [S] the request row of each state row (.state_rows)
         self._tok_at = rows * self._row_words
-        self._ring = HostRing(self._tok_at + self.tables.tok_row.shape[0], depth, device, spans=rows + 1)
+        self._states_at = self._tok_at + self.tables.tok_row.shape[0]
+        self.states = StateRows(states) if states else None
+        self._ring = HostRing(self._states_at + (states or 0), depth, device, spans=rows + 1)
         self._route_words, self._tok_words = DeviceWords(self.tables.route), DeviceWords(self.tables.tok_row)
         self.active: dict[str, Admitted] = {}  # the steered requests in flight, as the engine core admitted them
-        self._ids: list[str] = []  # the last step's batch, to skip unchanged decode steps
+        self._batch: list[str] | bytes = []  # the last step's batch (ids, or state rows), to skip unchanged steps
         self._counts = b""  # the last step's token counts, as bytes
         self._rows: np.ndarray | None = None  # [len(_ids)] the request row of each, None: no steered request
         self._dirty = False  # a request arrived or left since the last route()
@@ -63,6 +72,8 @@ class Router:
         self._users = [0] * shape[0]  # steered requests in flight with an entry on each armed layer
         self._live: list[int] | None = []  # the layers with users (None: a count crossed zero, gather again)
         self._routed: Sequence[int] | None = None  # what the last step told the op (route_layers)
+        self._steers = False  # does the last routed step send a token to a request row
+        self._high = 0  # tokens the last expansion on the device wrote (route_states)
 
     @property
     def direct(self) -> bool:
@@ -77,8 +88,9 @@ class Router:
 
     @property
     def steering(self) -> bool:
-        """Does the last routed step send any token to a request row (else nothing is steered)?"""
-        return len(self._tok) > 0
+        """May the last routed step send a token to a request row (else nothing is steered)? Where
+        the device expands the token map: is a steered request in flight."""
+        return self._steers
 
     # -- arrival / finish -------------------------------------------------------------------
     def admit(self, req_id: str, admitted: Admitted) -> None:
@@ -164,29 +176,64 @@ class Router:
         requests only changed their token counts (the step after a prefill) keeps their rows.
         """
         counts = np.asarray(num_tokens).tobytes()
-        same = not self._dirty and req_ids == self._ids
+        same = not self._dirty and req_ids == self._batch
         if same and counts == self._counts:
             return False
-        buf = self._ring.next() if self._staged else None
-        spans = self._stage_rows(buf) if buf is not None else []
-        self._counts, self._dirty = counts, False
         if not same:
-            self._ids = list(req_ids)
+            self._batch = list(req_ids)
             rows = (np.fromiter(map(self._row_of.get, req_ids, repeat(0)), np.int32, len(req_ids))
                     if self._row_of else None)
             # None: no steered request in the batch (bytes compared, not a reduction: .staging)
             self._rows = rows if rows is not None and rows.tobytes() != bytes(rows.nbytes) else None
+        self._counts, self._dirty = counts, False
+        self._route_tokens(num_tokens)
+        return not same
+
+    def route_states(self, batch: StateBatch, state_of: Mapping[str, int]) -> bool:
+        """:meth:`route` for the V2 runner, by its request state rows (:mod:`.state_rows`;
+        ``state_of``: the runner's ``req_id_to_index``). No request is looked up: where the ring
+        expands on the device, a changed step hands the upload kernel hotwire's rows by state and
+        the runner's own map of the batch; elsewhere the map is expanded here from
+        ``rows[states]``."""
+        placed = self.states.place(state_of, self._row_of)
+        key, counts = batch.states.tobytes(), batch.num_tokens.tobytes()
+        same = not self._dirty and not placed and key == self._batch
+        if same and counts == self._counts:
+            return False
+        self._batch, self._counts, self._dirty = key, counts, False
+        if not self._ring.expands:
+            if not same:
+                rows = self.states.rows[batch.states] if self._row_of else None
+                self._rows = rows if rows is not None and rows.tobytes() != bytes(rows.nbytes) else None
+            self._route_tokens(batch.num_tokens)
+            return not same
+        buf = self._ring.next()
+        spans = self._stage_rows(buf) if self._staged else []
+        steers = bool(self._row_of)  # a steered request in flight: the device finds whose tokens
+        expansion = None
+        if steers:
+            put(buf, self._states_at, self.states.rows)
+            expansion = Expansion(batch.states_at, batch.starts_at, self._states_at, self._tok_words,
+                                  len(batch.states), batch.tokens, max(batch.tokens, self._high))
+            self._high = batch.tokens
+        elif self._high:  # the last expansion's tokens, nulled
+            expansion = Expansion(0, 0, 0, self._tok_words, 0, 0, self._high)
+            self._high = 0
+        self._steers = steers
+        self._tell_layers()
+        if spans or expansion is not None:
+            self._ring.copy(spans, expansion)
+        return not same
+
+    def _route_tokens(self, num_tokens: np.ndarray) -> None:
+        """The token map of a changed step from ``_rows`` (None: no steered request in the
+        batch), expanded here, and the step's uploads."""
+        buf = self._ring.next() if self._staged else None
+        spans = self._stage_rows(buf) if buf is not None else []
         rows = self._rows
-        if rows is not None:
-            tok = np.repeat(rows, num_tokens)
-            if self._live is None:
-                self._live = [pos for pos, n in enumerate(self._users) if n]
-            live = self._live
-        else:
-            tok, live = self._tok[:0], NO_LAYERS
-        if live is not self._routed:  # the same list while no layer's count crossed zero
-            self.tables.step.route_layers(live)
-            self._routed = live
+        tok = np.repeat(rows, num_tokens) if rows is not None else self._tok[:0]
+        self._steers = rows is not None
+        self._tell_layers()
         if tok.shape != self._tok.shape or tok.tobytes() != self._tok.tobytes():  # bytes: numpy's != may let the GIL go
             n, at = max(len(tok), len(self._tok)), self._tok_at  # the last step's tokens past this one's: null row
             buf = self._ring.next() if buf is None else buf
@@ -196,4 +243,16 @@ class Router:
             self._tok = tok
         if spans:
             self._ring.copy(spans)
-        return not same
+
+    def _tell_layers(self) -> None:
+        """The op's layers for the step: those the steered requests in flight have entries on, none
+        in a step that steers no token; the op is told only when they change."""
+        if self._steers:
+            if self._live is None:
+                self._live = [pos for pos, n in enumerate(self._users) if n]
+            live = self._live
+        else:
+            live = NO_LAYERS
+        if live is not self._routed:  # the same list while no layer's count crossed zero
+            self.tables.step.route_layers(live)
+            self._routed = live

@@ -30,6 +30,7 @@ import ctypes
 import functools
 import logging
 from collections.abc import Sequence
+from typing import NamedTuple
 
 import numpy as np
 import torch
@@ -128,6 +129,20 @@ class DeviceWords:
 Span = tuple[int, int, DeviceWords, int]  # (start, stop, dst, at): the buffer's words [start, stop) to dst from word at
 
 
+class Expansion(NamedTuple):
+    """A token map the upload kernel writes on the device from the runner's batch
+    (:mod:`.upload_triton`): ``tok[query_starts[i]: query_starts[i+1]] = rows[states[i]]`` for
+    ``i < requests``, then ``tok[tokens: clear_to] = 0``."""
+
+    states: int  # device address: the runner's request state of each batch entry, [requests] int32
+    query_starts: int  # device address: where each entry's tokens start, [requests + 1] int32
+    rows_at: int  # word of the current buffer where hotwire's request row per state starts
+    tok: DeviceWords  # the token map
+    requests: int
+    tokens: int
+    clear_to: int
+
+
 class HostRing:
     """``depth`` int32 host buffers of ``words`` each, used in turn: :meth:`next` hands out the
     next one's numpy view to fill, :meth:`copy` enqueues spans of it into device tensors.
@@ -152,26 +167,29 @@ class HostRing:
         self._spans = [Spans(h) for h in self._host]
         self._cpu = device.type == "cpu"
         self._i = -1
-        self._desc: list[np.ndarray] | None = None  # per buffer [spans, 3] int64 (dst, src, words), pinned
+        self._desc: list[np.ndarray] | None = None  # per buffer the kernel's description, int64, pinned
         if cuda:
             self._map(depth, spans, device)
 
     def _map(self, depth: int, spans: int, on: torch.device) -> None:
-        """The device addresses of the buffers and of the kernel's span descriptions (none: torch copies)."""
+        """The device addresses of the buffers and of the kernel's descriptions (none: torch copies)."""
         device = _device_address()
         if device is None:
             return
-        desc = [torch.zeros(spans, 3, dtype=torch.int64, pin_memory=True) for _ in range(depth)]
+        from . import upload_triton  # Triton is only needed (and present) where CUDA is
+
+        desc = [torch.zeros(upload_triton.HEADER + 3 * spans, dtype=torch.int64, pin_memory=True)
+                for _ in range(depth)]
         mapped = [device(t.data_ptr()) for t in self._host + desc]
         if None in mapped:
             say_unmapped()
             return
-        from . import upload_triton  # Triton is only needed (and present) where CUDA is
-
         self._desc_pinned = desc  # kept: the kernel reads them by address
         self._address, self._desc_address = mapped[:depth], mapped[depth:]
         self._desc = [t.numpy() for t in desc]
-        # compiled now (one empty span: zeros), not at the first steered step
+        self._head = [d[: upload_triton.HEADER] for d in self._desc]
+        self._segments = [d[upload_triton.HEADER:].reshape(spans, 3) for d in self._desc]
+        # compiled now (a header of zeros: nothing to move), not at the first steered step
         index = on.index if on.index is not None else torch.cuda.current_device()
         self._kernel = upload_triton.launcher(self._desc_address[0], index)
         self._by_driver = self._kernel is not upload_triton.launch
@@ -196,15 +214,30 @@ class HostRing:
         self._i = (self._i + 1) % len(self._host)
         return self._np[self._i]
 
-    def copy(self, spans: Sequence[Span]) -> None:
-        """``spans`` of the current buffer into their device tensors, enqueued on the current
-        stream (the host does not wait)."""
+    @property
+    def expands(self) -> bool:
+        """Can :meth:`copy` expand a token map on the device (the upload kernel)? Else the caller
+        expands it on the host and copies it as a span."""
+        return self._desc is not None
+
+    def copy(self, spans: Sequence[Span], expansion: Expansion | None = None) -> None:
+        """``spans`` of the current buffer into their device tensors, and the ``expansion`` (only
+        where :attr:`expands`), enqueued on the current stream (the host does not wait)."""
         if self._desc is not None:
-            desc, src = self._desc[self._i], self._address[self._i]
+            head, segments, src = self._head[self._i], self._segments[self._i], self._address[self._i]
             for j, (start, stop, dst, at) in enumerate(spans):
-                desc[j] = (dst.address + 4 * at, src + 4 * start, stop - start)
-            self._kernel(self._desc_address[self._i], len(spans))
+                segments[j] = (dst.address + 4 * at, src + 4 * start, stop - start)
+            programs = len(spans)
+            if expansion is None:
+                head[0] = programs
+            else:
+                e = expansion
+                head[:] = (programs, e.states, e.query_starts, src + 4 * e.rows_at, e.tok.address, e.requests,
+                           e.tokens, e.clear_to)
+                programs += e.requests + 1
+            self._kernel(self._desc_address[self._i], programs)
             return
+        assert expansion is None, "expanded on the device only where the ring expands"
         for start, stop, dst, at in spans:
             if dst.host is not None:
                 put(dst.host, at, self._np[self._i][start:stop])

@@ -40,14 +40,15 @@ def new_req(req_id: str, extra_args, prompt_len: int = 3):
                            prompt_token_ids=list(range(prompt_len)))
 
 
-def make_rank(device: str, armed=ARMED) -> Steerer:
+def make_rank(device: str, armed=ARMED, states: int | None = None) -> Steerer:
+    """A rank; with ``states`` routed by the V2 runner's request state rows (``Steerer.on_states``)."""
     tables = SteeringTables(slots=SLOTS, hidden=H, armed=len(armed), requests=REQUESTS, entries=ENTRIES,
                             max_tokens=64, dtype=torch.float32, device=torch.device(device))
-    return Steerer(Router(ArmedModel(tables, armed)), tables, Counters())
+    return Steerer(Router(ArmedModel(tables, armed), states=states), tables, Counters())
 
 
 class Rig:
-    def __init__(self, tmp_path, device: str = "cpu"):
+    def __init__(self, tmp_path, device: str = "cpu", states: int | None = None):
         box = EngineMailbox.create(str(tmp_path / "e.mbx"), Fingerprint("m", 4, H, "float32"), SLOTS)
         box.set_armed(list(ARMED), entries=ENTRIES)
         self.counters = Counters()
@@ -56,7 +57,7 @@ class Rig:
         admission = Admission(registry, armed=ARMED, entries=ENTRIES, requests=REQUESTS,
                               budget=StreamBudget.of(torch.float32), counters=self.counters)
         self.core = CoreSync(box, PendingDelta(H, torch.float32), registry, admission, self.counters)
-        self.rank = make_rank(device)
+        self.rank = make_rank(device, states=states)
         self.tables, self.router = self.rank.tables, self.rank.router
         self.control = ControlMailbox.attach(str(tmp_path / "e.mbx"))
 

@@ -11,6 +11,7 @@ import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from engine_rig import H, Rig, Step, make_rank, new_req
+from hotwire.engine_plugin.state_rows import StateBatch
 from hotwire.shared.mailbox import ANY_LAYER
 
 
@@ -371,3 +372,108 @@ def test_a_batch_that_lost_a_request_before_its_finish_was_reported_is_a_changed
     assert step(["a"], [1]) == (2, steady)  # b left unreported: the whole step is a changed one
     assert step(["a"], [1], finished={"b"})[0] == 3  # reported a step later
     assert step(["a"], [1])[0] == 3
+
+
+class RunnerStates:
+    """The V2 runner's request state rows as vLLM 0.25.1 keeps them (``vllm/v1/worker/gpu/states.py``):
+    finished and preempted requests free theirs first, then each new request (a resumed one too)
+    takes the last freed."""
+
+    def __init__(self, rows: int):
+        self.free, self.index = list(range(rows)), {}
+
+    def step(self, out: Step, preempted=()) -> None:
+        for req_id in [*out.finished_req_ids, *preempted]:
+            if req_id in self.index:
+                self.free.append(self.index.pop(req_id))
+        for req in out.scheduled_new_reqs:
+            self.index[req.req_id] = self.free.pop()
+
+    def batch(self, *entries: tuple[str, int]) -> StateBatch:
+        """The settled batch of ``(request, tokens)`` entries (no device: the map is expanded on the host)."""
+        counts = np.array([n for _, n in entries], np.int32)
+        return StateBatch(np.array([self.index[r] for r, _ in entries], np.int32), counts, int(counts.sum()), 0, 0)
+
+
+def test_by_state_rows_a_state_row_reused_in_the_same_step_routes_its_new_request(tmp_path):
+    """V2 routing (Router.route_states): a steered request finishes and an unsteered one takes its
+    state row in the same step, while another steered request stays; the new one's tokens must not
+    read the finished request's row."""
+    rig, runner = Rig(tmp_path, states=4), RunnerStates(4)
+    rig.control.write(0, "v", ANY_LAYER, np.ones(H, np.float32), gen=1)
+    runner.step(rig.step(new=[("s", _spec({"id": "v", "layer": 1}), 2), ("t", _spec({"id": "v", "layer": 3}), 1),
+                              ("u", None, 1)]))
+    rig.rank.on_states(runner.batch(("s", 2), ("u", 1), ("t", 1)), runner.index)
+    s, t = rig.router.active["s"].row, rig.router.active["t"].row
+    assert rig.tables.tok_row[:5].tolist() == [s, s, 0, t, 0] and rig.router.steering
+    taken = runner.index["s"]
+    runner.step(rig.step(new=[("n", None, 1)], finished=["s"]))
+    assert runner.index["n"] == taken
+    rig.rank.on_states(runner.batch(("u", 1), ("n", 1), ("t", 1)), runner.index)
+    assert rig.tables.tok_row[:5].tolist() == [0, 0, t, 0, 0]
+    runner.step(rig.step(finished=["t"]))
+    rig.rank.on_states(runner.batch(("u", 1), ("n", 1)), runner.index)
+    assert rig.tables.tok_row[:5].tolist() == [0, 0, 0, 0, 0] and not rig.router.steering
+
+
+def test_by_state_rows_a_preempted_request_is_steered_again_from_its_new_state_row(tmp_path):
+    """A preempted steered request frees its state row (an unsteered arrival takes it, unsteered);
+    resumed, it comes back as a new request with another state row, steered as before."""
+    rig, runner = Rig(tmp_path, states=4), RunnerStates(4)
+    rig.control.write(0, "v", ANY_LAYER, np.ones(H, np.float32), gen=1)
+    spec = _spec({"id": "v", "layer": 1})
+    runner.step(rig.step(new=[("s", spec, 1), ("u", None, 1)]))
+    rig.rank.on_states(runner.batch(("s", 1), ("u", 1)), runner.index)
+    runner.step(rig.step(new=[("n", None, 1)]), preempted=["s"])
+    rig.rank.on_states(runner.batch(("u", 1), ("n", 1)), runner.index)
+    assert rig.tables.tok_row[:3].tolist() == [0, 0, 0]
+    runner.step(rig.step(new=[("s", spec, 1)]))  # resumed: re-sent, admitted again
+    rig.rank.on_states(runner.batch(("u", 1), ("n", 1), ("s", 1)), runner.index)
+    assert rig.tables.tok_row[:4].tolist() == [0, 0, rig.router.active["s"].row, 0]
+
+
+def test_by_state_rows_a_steady_batch_routes_nothing_and_a_new_order_is_a_changed_step(tmp_path):
+    rig, runner = Rig(tmp_path, states=4), RunnerStates(4)
+    rig.control.write(0, "v", ANY_LAYER, np.ones(H, np.float32), gen=1)
+    runner.step(rig.step(new=[("s", _spec({"id": "v", "layer": 3}), 3), ("u", None, 1)]))
+    router = rig.router
+    assert router.route_states(runner.batch(("s", 3), ("u", 1)), runner.index)
+    assert not router.route_states(runner.batch(("s", 3), ("u", 1)), runner.index)
+    assert not router.route_states(runner.batch(("s", 1), ("u", 1)), runner.index)  # counts only: routed again
+    assert rig.tables.tok_row[:4].tolist() == [router.active["s"].row, 0, 0, 0]
+    assert router.route_states(runner.batch(("u", 1), ("s", 1)), runner.index)
+    assert rig.tables.tok_row[:3].tolist() == [0, router.active["s"].row, 0]
+    assert rig.tables.step.live == frozenset({1})  # table position of layer 3
+
+
+@pytest.mark.gpu
+def test_on_cuda_by_state_rows_the_upload_kernel_expands_the_map_without_a_torch_call(tmp_path):
+    """V2 routing on CUDA: the token map is expanded on the device from the runner's own batch
+    (its state rows and token starts as device tensors) and hotwire's rows by state; the host makes
+    no torch call, a shorter batch nulls the last one's tail, and a reused state row reads its new
+    request's row."""
+    rig, runner = Rig(tmp_path, "cuda", states=4), RunnerStates(4)
+    router, tables = rig.router, rig.tables
+    assert router._ring.expands
+    rig.control.write(0, "v", ANY_LAYER, np.ones(H, np.float32), gen=1)
+
+    def on_device(*entries):
+        batch = runner.batch(*entries)
+        starts = np.concatenate([[0], np.cumsum(batch.num_tokens)]).astype(np.int32)
+        kept.append((torch.from_numpy(batch.states).cuda(), torch.from_numpy(starts).cuda()))  # live until synchronised
+        return batch._replace(states_at=kept[-1][0].data_ptr(), starts_at=kept[-1][1].data_ptr())
+
+    kept = []
+    runner.step(rig.step(new=[("a", _spec({"id": "v", "layer": 1, "scale": 2.0}), 3), ("u", None, 1)]))
+    first, second = on_device(("u", 1), ("a", 3)), on_device(("u", 1), ("a", 1))
+    with _DeviceCalls() as mode:
+        router.route_states(first, runner.index)
+        router.route_states(second, runner.index)
+    assert mode.calls == []
+    torch.cuda.synchronize()
+    a = router.active["a"].row
+    assert tables.tok_row[:5].tolist() == [0, a, 0, 0, 0] and tables.route[a, 0, 0, 4].view(torch.float32).item() == 2.0
+    runner.step(rig.step(new=[("n", None, 2)], finished=["a"]))
+    router.route_states(on_device(("u", 1), ("n", 2)), runner.index)
+    torch.cuda.synchronize()
+    assert tables.tok_row[:5].tolist() == [0, 0, 0, 0, 0] and not router.steering

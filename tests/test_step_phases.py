@@ -60,19 +60,20 @@ def test_hotwires_hooks_and_op_are_timed_where_the_process_has_them(monkeypatch)
     import torch
 
     pytest.importorskip("triton")
-    originals = {}
-    for name, (module_name, owner, fn) in step_phases.HOTWIRE.items():
+    def target(module_name, owner):
         module = importlib.import_module(module_name)
-        target = module if owner is None else getattr(module, owner)
-        originals[name] = getattr(target, fn)
-        monkeypatch.setattr(target, fn, originals[name])  # put back after the test
-    step_phases._instrument_hotwire()
-    from hotwire.engine_plugin import admission, core_sync, engine, routing, steer_triton
+        return module if owner is None else getattr(module, owner)
 
-    wrapped = {"hotwire:core": core_sync.CoreSync.on_schedule, "hotwire:schedule": engine.Steerer.on_schedule,
-               "hotwire:batch": engine.Steerer.on_batch, "hotwire:admit": admission.Admission.admit,
-               "hotwire:route": routing.Router.route, "hotwire:op_launch": steer_triton.launch}
-    assert {name: fn.__wrapped__ for name, fn in wrapped.items()} == originals
+    originals = {}
+    for _, module_name, owner, fn in step_phases.HOTWIRE:
+        originals[owner, fn] = getattr(target(module_name, owner), fn)
+        monkeypatch.setattr(target(module_name, owner), fn, originals[owner, fn])  # put back after the test
+    step_phases._instrument_hotwire()
+    from hotwire.engine_plugin import steer_triton
+
+    assert {(owner, fn): getattr(target(module_name, owner), fn).__wrapped__
+            for _, module_name, owner, fn in step_phases.HOTWIRE} == originals
+    assert ("Steerer", "on_states") in originals and ("Router", "route_states") in originals
     calls = step_phases._calls["hotwire:op_launch"]
     empty = torch.zeros(0, 4)
     steer_triton.launch(empty, None, torch.zeros(0), empty, torch.zeros(1, 1, 8, dtype=torch.int32),

@@ -243,20 +243,23 @@ def _instrument(core: Any) -> None:
             torch.cuda.set_sync_debug_mode("warn")
 
 
-HOTWIRE = {  # phase -> (module, owner in it or None for the module itself, function)
-    "hotwire:core": ("hotwire.engine_plugin.core_sync", "CoreSync", "on_schedule"),
-    "hotwire:schedule": ("hotwire.engine_plugin.engine", "Steerer", "on_schedule"),
-    "hotwire:batch": ("hotwire.engine_plugin.engine", "Steerer", "on_batch"),
-    "hotwire:admit": ("hotwire.engine_plugin.admission", "Admission", "admit"),
-    "hotwire:route": ("hotwire.engine_plugin.routing", "Router", "route"),
-    "hotwire:op_launch": ("hotwire.engine_plugin.steer_triton", None, "launch"),
-}
+HOTWIRE = [  # (phase, module, owner in it or None for the module itself, function); the V2
+    # runner's batch goes through on_states and route_states, the others' through on_batch and route
+    ("hotwire:core", "hotwire.engine_plugin.core_sync", "CoreSync", "on_schedule"),
+    ("hotwire:schedule", "hotwire.engine_plugin.engine", "Steerer", "on_schedule"),
+    ("hotwire:batch", "hotwire.engine_plugin.engine", "Steerer", "on_batch"),
+    ("hotwire:batch", "hotwire.engine_plugin.engine", "Steerer", "on_states"),
+    ("hotwire:admit", "hotwire.engine_plugin.admission", "Admission", "admit"),
+    ("hotwire:route", "hotwire.engine_plugin.routing", "Router", "route"),
+    ("hotwire:route", "hotwire.engine_plugin.routing", "Router", "route_states"),
+    ("hotwire:op_launch", "hotwire.engine_plugin.steer_triton", None, "launch"),
+]
 
 
 def _instrument_hotwire() -> None:
     """hotwire's hooks and its op's calls, timed where this process has imported them (an engine
     core with the plugin loaded has, once its engine is built: the op ran while vLLM captured)."""
-    for name, (module_name, owner, fn) in HOTWIRE.items():
+    for name, module_name, owner, fn in HOTWIRE:
         module = sys.modules.get(module_name)
         target = module if owner is None or module is None else getattr(module, owner, None)
         if target is not None and callable(getattr(target, fn, None)):
