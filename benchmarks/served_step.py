@@ -7,13 +7,15 @@ replays the load ``serve_throughput.py`` sends (C requests in flight, half of th
 spec of their own: two adds on layers n/3 and 2n/3; ``max_tokens`` uniform in 64-192; a finished
 request replaced at once, its 128-token prompt in one step) through the real hooks: the engine
 core's ``CoreSync.on_schedule``, the rank's ``Steerer.on_schedule`` and ``Steerer.on_batch``
-(routing, and its upload on CUDA), and reports each one's median µs over steady steps (no request
+(routing, and its upload on CUDA), or with ``--runner v2`` ``Steerer.on_states`` (the V2 runner's
+batch by request state rows, taken and freed as vLLM 0.25.1 does, decodes first; on CUDA the
+token map expanded by the upload kernel), and reports each one's median µs over steady steps (no request
 came or went) and changed ones, with the caches evicted before each step (``cold``: a 32 MiB
 array written) or not (``warm``), and with each spec resolved as its request arrived
 (``ahead``, :mod:`hotwire.engine_plugin.arrival`, done before the step as vLLM's input thread does
 it while the step thread waits) or at its step (``at_step``).
 
-    python benchmarks/served_step.py --out benchmarks/results/served-step.json
+    python benchmarks/served_step.py --out benchmarks/results/served-step.json [--runner v2]
 """
 
 from __future__ import annotations
@@ -39,6 +41,7 @@ from hotwire.engine_plugin.delta import PendingDelta
 from hotwire.engine_plugin.engine import Steerer
 from hotwire.engine_plugin.registry import Registry
 from hotwire.engine_plugin.routing import Router
+from hotwire.engine_plugin.state_rows import StateBatch
 from hotwire.engine_plugin.steering import ArmedModel, SteeringTables
 from hotwire.engine_plugin.stream_bound import StreamBudget
 from hotwire.shared.mailbox import ANY_LAYER
@@ -47,7 +50,34 @@ LAYERS, HIDDEN, PROMPT = 28, 1024, 128  # Qwen3 0.6B shape
 HOOKS = ("core", "rank_schedule", "rank_batch")
 
 
-def run(concurrency: int, steps: int, cold: bool, ahead: bool, device: torch.device, seed: int = 0) -> dict:
+class RunnerStates:
+    """The V2 runner's request state rows as vLLM 0.25.1 keeps them: freed by finished requests,
+    then taken by new ones from the last freed; its batch with decodes first, and on CUDA that
+    batch's state rows and token starts as device tensors (made before the timed hook, as vLLM's
+    ``prepare_inputs`` makes them; kept while the upload kernel may still read them)."""
+
+    def __init__(self, rows: int, device: torch.device):
+        self.free, self.index, self.device = list(range(rows)), {}, device
+        self._kept: list[tuple[torch.Tensor, torch.Tensor]] = []
+
+    def batch(self, finished: set[str], batch: list[SimpleNamespace], prompt: int) -> StateBatch:
+        for req_id in finished:
+            self.free.append(self.index.pop(req_id))
+        for r in batch:
+            if r.new:
+                self.index[r.req_id] = self.free.pop()
+        order = sorted(batch, key=lambda r: r.new)  # decodes (one token) first, as V2 sorts by token count
+        states = np.fromiter((self.index[r.req_id] for r in order), np.int32, len(order))
+        counts = np.fromiter((prompt if r.new else 1 for r in order), np.int32, len(order))
+        if self.device.type != "cuda":
+            return StateBatch(states, counts, int(counts.sum()), 0, 0)
+        starts = np.concatenate([[0], np.cumsum(counts)]).astype(np.int32)
+        self._kept = [*self._kept[-7:], (torch.from_numpy(states).to(self.device), torch.from_numpy(starts).to(self.device))]
+        return StateBatch(states, counts, int(counts.sum()), self._kept[-1][0].data_ptr(), self._kept[-1][1].data_ptr())
+
+
+def run(concurrency: int, steps: int, cold: bool, ahead: bool, device: torch.device, seed: int = 0,
+        runner: str = "v1") -> dict:
     """Median µs of each hook over steady and changed steps, after a warm-up of 200 steps."""
     c = concurrency
     tables = SteeringTables(slots=1024, hidden=HIDDEN, armed=LAYERS, requests=2 * c, entries=4, max_tokens=8192,
@@ -59,7 +89,8 @@ def run(concurrency: int, steps: int, cold: bool, ahead: bool, device: torch.dev
     admission = Admission(registry, armed=range(LAYERS), entries=4, requests=2 * c,
                           budget=StreamBudget.of(torch.bfloat16), counters=counters)
     core = CoreSync(None, PendingDelta(HIDDEN, torch.bfloat16), registry, admission, counters)
-    rank = Steerer(Router(ArmedModel(tables, tuple(range(LAYERS)))), tables, counters)
+    states = RunnerStates(c, device) if runner == "v2" else None
+    rank = Steerer(Router(ArmedModel(tables, tuple(range(LAYERS))), states=c if states else None), tables, counters)
     rng, numbers = random.Random(seed), itertools.count(1)
 
     def arrive() -> SimpleNamespace:
@@ -85,6 +116,7 @@ def run(concurrency: int, steps: int, cold: bool, ahead: bool, device: torch.dev
         ids = [r.req_id for r in batch]
         prompt = PROMPT if step else 1  # the first step admits all C: one token each, within vLLM's budget
         counts = np.fromiter((prompt if r.new else 1 for r in batch), np.int32, len(batch))
+        by_state = states.batch(finished, batch, prompt) if states is not None else None
         if cold:
             junk += 1
         t0 = time.perf_counter_ns()
@@ -92,7 +124,10 @@ def run(concurrency: int, steps: int, cold: bool, ahead: bool, device: torch.dev
         t1 = time.perf_counter_ns()
         rank.on_schedule(out)
         t2 = time.perf_counter_ns()
-        rank.on_batch(ids, counts)
+        if by_state is None:
+            rank.on_batch(ids, counts)
+        else:
+            rank.on_states(by_state, states.index)
         t3 = time.perf_counter_ns()
         if step >= 200:
             times["changed" if arrivals or finished else "steady"].append(
@@ -113,15 +148,17 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--concurrency", type=int, default=256)
     ap.add_argument("--steps", type=int, default=3000)
+    ap.add_argument("--runner", choices=("v1", "v2"), default="v1",
+                    help="route as with the V1 runner (by request id) or the V2 runner (by request state rows)")
     ap.add_argument("--out", type=Path)
     args = ap.parse_args()
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
     torch.set_num_threads(1)  # host work runs on the engine's one scheduling thread
     results = {f"{'cold' if cold else 'warm'}_{'ahead' if ahead else 'at_step'}":
-               run(args.concurrency, args.steps, cold, ahead, device)
+               run(args.concurrency, args.steps, cold, ahead, device, runner=args.runner)
                for cold in (True, False) for ahead in (False, True)}
     result = {"device": torch.cuda.get_device_name(0) if device.type == "cuda" else platform.processor() or "cpu",
-              "torch": torch.__version__, "concurrency": args.concurrency, "layers": LAYERS, "steps": args.steps,
+              "torch": torch.__version__, "runner": args.runner, "concurrency": args.concurrency, "layers": LAYERS, "steps": args.steps,
               "median_us": results, "date": time.strftime("%Y-%m-%d")}
     print(json.dumps(result, indent=1))
     if args.out:
