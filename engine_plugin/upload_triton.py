@@ -60,21 +60,21 @@ def _upload(desc, BLOCK: tl.constexpr, HEADER: tl.constexpr):
         src = tl.load(seg + 1).to(tl.pointer_type(tl.int32))
         n = tl.load(seg + 2)
         for start in range(0, n, BLOCK):
-            i = start + tl.arange(0, BLOCK)                      # [BLOCK]
-            tl.store(dst + i, tl.load(src + i, mask=i < n), mask=i < n)
+            w = start + tl.arange(0, BLOCK)                      # [BLOCK]
+            tl.store(dst + w, tl.load(src + w, mask=w < n), mask=w < n)
     else:
-        i = pid - segments                                       # this program's batch entry
+        e = pid - segments                                       # this program's batch entry
         states = tl.load(head + 1).to(tl.pointer_type(tl.int32))
         starts = tl.load(head + 2).to(tl.pointer_type(tl.int32))
         rows = tl.load(head + 3).to(tl.pointer_type(tl.int32))
         tok = tl.load(head + 4).to(tl.pointer_type(tl.int32))
-        entry = i < tl.load(head + 5)                            # else: the tail past the tokens
-        row = tl.load(rows + tl.load(states + i, mask=entry, other=0), mask=entry, other=0)
-        lo = tl.where(entry, tl.load(starts + i, mask=entry, other=0), tl.load(head + 6).to(tl.int32))
-        hi = tl.where(entry, tl.load(starts + i + 1, mask=entry, other=0), tl.load(head + 7).to(tl.int32))
-        for start in range(lo, hi, BLOCK):
-            j = start + tl.arange(0, BLOCK)                      # [BLOCK]
-            tl.store(tok + j, tl.zeros([BLOCK], tl.int32) + row, mask=j < hi)
+        entry = e < tl.load(head + 5)                            # else: the tail past the tokens
+        row = tl.load(rows + tl.load(states + e, mask=entry, other=0), mask=entry, other=0)
+        lo = tl.where(entry, tl.load(starts + e, mask=entry, other=0), tl.load(head + 6).to(tl.int32))
+        hi = tl.where(entry, tl.load(starts + e + 1, mask=entry, other=0), tl.load(head + 7).to(tl.int32))
+        for at in range(lo, hi, BLOCK):
+            t = at + tl.arange(0, BLOCK)                         # [BLOCK]
+            tl.store(tok + t, tl.zeros([BLOCK], tl.int32) + row, mask=t < hi)
 
 
 def launch(desc: int, programs: int) -> None:
