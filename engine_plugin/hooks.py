@@ -59,12 +59,18 @@ def _after_v2_prepare(runner: Any, batch: Any, args: tuple, kwargs: dict) -> Non
     st = _steerer(runner)
     if st is None:
         return
-    if st.router.states is None:
-        st.on_batch(batch.req_ids, batch.num_scheduled_tokens)
-        return
-    st.on_states(StateBatch(batch.idx_mapping_np, batch.num_scheduled_tokens, batch.num_tokens,
-                            batch.idx_mapping.data_ptr(), batch.query_start_loc.data_ptr()),
-                 runner.req_states.req_id_to_index)
+    if st.router.states is not None:
+        try:
+            by_state = StateBatch(batch.idx_mapping_np, batch.num_scheduled_tokens, batch.num_tokens,
+                                  batch.idx_mapping.data_ptr(), batch.query_start_loc.data_ptr())
+        except AttributeError as e:  # a runner with state rows whose batch says less: by request id
+            log.error("hotwire: %s's batch lacks what routing by state rows reads (%s); routing it by "
+                      "request id from now on", type(runner).__name__, e)
+            st.router.by_request_id()
+        else:
+            st.on_states(by_state, runner.req_states.req_id_to_index)
+            return
+    st.on_batch(batch.req_ids, batch.num_scheduled_tokens)
 
 
 @contextlib.contextmanager

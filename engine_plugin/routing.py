@@ -189,6 +189,11 @@ class Router:
         self._route_tokens(num_tokens)
         return not same
 
+    def by_request_id(self) -> None:
+        """Route by request id (:meth:`route`) from the next step on, though built for state rows."""
+        self.states = None
+        self._dirty = True
+
     def route_states(self, batch: StateBatch, state_of: Mapping[str, int]) -> bool:
         """:meth:`route` for the V2 runner, by its request state rows (:mod:`.state_rows`;
         ``state_of``: the runner's ``req_id_to_index``). No request is looked up: where the ring

@@ -4,6 +4,7 @@ one core, its ranks)."""
 
 import json
 import time
+from types import SimpleNamespace
 
 import numpy as np
 import pytest
@@ -11,6 +12,7 @@ import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from engine_rig import H, Rig, Step, make_rank, new_req
+from hotwire.engine_plugin import hooks
 from hotwire.engine_plugin.state_rows import StateBatch
 from hotwire.shared.mailbox import ANY_LAYER
 
@@ -477,3 +479,40 @@ def test_on_cuda_by_state_rows_the_upload_kernel_expands_the_map_without_a_torch
     router.route_states(on_device(("u", 1), ("n", 2)), runner.index)
     torch.cuda.synchronize()
     assert tables.tok_row[:5].tolist() == [0, 0, 0, 0, 0] and not router.steering
+
+
+def _v2_runner(rank, states: RunnerStates) -> SimpleNamespace:
+    """A V2 runner as hooks._after_v2_prepare reads it: its steerer and its request state rows."""
+    return SimpleNamespace(_hotwire=rank, req_states=SimpleNamespace(req_id_to_index=states.index))
+
+
+def _v2_batch(states: RunnerStates, *entries: tuple[str, int], fields: bool = True) -> SimpleNamespace:
+    """vLLM's InputBatch as the hook reads it; without ``fields``, one whose runner has state rows
+    but whose batch does not name them."""
+    b = states.batch(*entries)
+    batch = SimpleNamespace(req_ids=[r for r, _ in entries], num_scheduled_tokens=b.num_tokens, num_tokens=b.tokens)
+    if fields:
+        batch.idx_mapping_np, batch.idx_mapping = b.states, torch.from_numpy(b.states)
+        batch.query_start_loc = torch.from_numpy(np.concatenate([[0], np.cumsum(b.num_tokens)]).astype(np.int32))
+    return batch
+
+
+def test_the_v2_hook_routes_by_state_rows_and_by_request_id_where_the_batch_lacks_them(tmp_path, caplog):
+    """hooks._after_v2_prepare: a batch naming its state rows goes through Steerer.on_states; one that
+    does not (a runner of V2's interface with less in its batch) is routed by request id, said
+    once, and the engine keeps serving steered."""
+    rig, runner = Rig(tmp_path, states=4), RunnerStates(4)
+    rig.control.write(0, "v", ANY_LAYER, np.ones(H, np.float32), gen=1)
+    runner.step(rig.step(new=[("s", _spec({"id": "v", "layer": 1}), 2), ("u", None, 1)]))
+    fake = _v2_runner(rig.rank, runner)
+    calls = []
+    on_states = rig.rank.on_states
+    rig.rank.on_states = lambda *a: (calls.append("states"), on_states(*a))
+    hooks._after_v2_prepare(fake, _v2_batch(runner, ("u", 1), ("s", 2)), (), {})
+    row = rig.router.active["s"].row
+    assert calls == ["states"] and rig.tables.tok_row[:4].tolist() == [0, row, row, 0]
+    hooks._after_v2_prepare(fake, _v2_batch(runner, ("s", 1), ("u", 1), fields=False), (), {})
+    hooks._after_v2_prepare(fake, _v2_batch(runner, ("u", 1), ("s", 1), fields=False), (), {})
+    assert calls == ["states"] and rig.router.states is None
+    assert rig.tables.tok_row[:4].tolist() == [0, row, 0, 0]
+    assert caplog.text.count("routing it by request id from now on") == 1
