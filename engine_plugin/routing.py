@@ -61,7 +61,7 @@ class Router:
         self.active: dict[str, Admitted] = {}  # the steered requests in flight, as the engine core admitted them
         self._batch: list[str] | bytes = []  # the last step's batch (ids, or state rows), to skip unchanged steps
         self._counts = b""  # the last step's token counts, as bytes
-        self._rows: np.ndarray | None = None  # [len(_ids)] the request row of each, None: no steered request
+        self._rows: np.ndarray | None = None  # [len(_batch)] the request row of each, None: no steered request
         self._dirty = False  # a request arrived or left since the last route()
         self._row_of: dict[str, int] = {}  # request row of each steered request, looked up per step
         # request row -> its entries [(word in the row, its 8 words)], admitted since the last commit
@@ -190,9 +190,13 @@ class Router:
         return not same
 
     def by_request_id(self) -> None:
-        """Route by request id (:meth:`route`) from the next step on, though built for state rows."""
+        """Route by request id (:meth:`route`) from the next step on, though built for state rows.
+        The map the device expanded last is taken as unknown, so the next step rewrites it whole
+        and nulls its tail."""
         self.states = None
         self._dirty = True
+        if self._high:
+            self._tok, self._high = np.full(self._high, -1, np.int32), 0
 
     def route_states(self, batch: StateBatch, state_of: Mapping[str, int]) -> bool:
         """:meth:`route` for the V2 runner, by its request state rows (:mod:`.state_rows`;

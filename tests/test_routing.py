@@ -479,6 +479,14 @@ def test_on_cuda_by_state_rows_the_upload_kernel_expands_the_map_without_a_torch
     router.route_states(on_device(("u", 1), ("n", 2)), runner.index)
     torch.cuda.synchronize()
     assert tables.tok_row[:5].tolist() == [0, 0, 0, 0, 0] and not router.steering
+    # switched to routing by request id (hooks: a batch without state rows): the map the device
+    # expanded is rewritten, its steered tokens nulled though the host never wrote them
+    runner.step(rig.step(new=[("b", _spec({"id": "v", "layer": 1}), 2)]))
+    router.route_states(on_device(("u", 1), ("n", 1), ("b", 2)), runner.index)
+    router.by_request_id()
+    router.route(["u", "n"], np.array([1, 1]))
+    torch.cuda.synchronize()
+    assert tables.tok_row[:5].tolist() == [0, 0, 0, 0, 0]
 
 
 def _v2_runner(rank, states: RunnerStates) -> SimpleNamespace:
