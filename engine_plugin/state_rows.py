@@ -11,8 +11,9 @@ hotwire's routing needs no per-step lookup of the batch's requests: the token ma
 Contract: every state row the runner's batch names was taken by a request of some step's
 ``scheduled_new_reqs`` (the only way the V2 runner takes one), and :meth:`place` has been told of
 it (:meth:`arrived`) before the batch is routed: its entry holds that request's row (0 when it is
-not steered). Entries of freed state rows are stale and never read; a row is written again when
-its state row is taken by the next request.
+not steered, so an unsteered request in a state row a steered one left reads the null row:
+invariant 1). Entries of freed state rows are stale and never read; an entry is written again
+when its state row is taken by the next request.
 """
 
 from __future__ import annotations
