@@ -142,7 +142,8 @@ def main() -> None:
     if device.type == "cuda":
         from hotwire.engine_plugin import staging, upload_triton
 
-        desc = torch.zeros(1, 3, dtype=torch.int64, pin_memory=True)  # one span of no words
+        desc = torch.zeros(upload_triton.HEADER + 3, dtype=torch.int64, pin_memory=True)
+        desc[0] = 1  # one segment, of no words
         at = staging._device_address()(desc.data_ptr())
         launch = upload_triton.launcher(at, torch.cuda.current_device())
         timings["upload_launch"] = _timed(lambda: launch(at, 1), args.repeat)

@@ -71,7 +71,7 @@ from simultaneous import CLIENTS_PER_CORE, LoadSet, default_processes
 # hotwire's (hotwire's hooks wrap vLLM's methods, so a wrapper frame alone says nothing); it is
 # then filed by that frame's module, and ``op_launch`` holds the op's samples inside Triton.
 HOTWIRE_FILES = re.compile(r"(engine_plugin|hotwire/shared|/shared)/(\w+)\.py")
-HOTWIRE_PARTS = {"steer_op": "op", "steer_triton": "op", "routing": "routing", "staging": "routing",
+HOTWIRE_PARTS = {"steer_op": "op", "steer_triton": "op", "routing": "routing", "state_rows": "routing", "staging": "routing",
                  "upload_triton": "routing", "steering": "routing", "gate_report": "rank_hooks",
                  "registry": "admission", "admission": "admission", "stream_bound": "admission",
                  "interventions": "admission", "spec": "admission", "engine": "rank_hooks", "hooks": "rank_hooks",
