@@ -111,8 +111,10 @@ class Steerer:
         router = Router(armed_model, GateReport(tables.gate_counts, counters), depth=_steps_in_flight(vllm_config) + 1,
                         states=_state_rows(runner))
         if router.tables.route.is_cuda:
-            log.info("hotwire: routing uploads: %s%s", router.uploads,
-                     "" if router.direct else " (each lets the GIL go), not the upload kernel")
+            log.info("hotwire: routing uploads: %s%s; batches routed by %s", router.uploads,
+                     "" if router.direct else " (each lets the GIL go), not the upload kernel",
+                     "request id" if router.states is None else "the runner's request state rows, each token's "
+                     f"row expanded on the {'GPU' if router.expands else 'host'}")
         return cls(router, tables, counters)
 
     # -- per step -------------------------------------------------------------------------------

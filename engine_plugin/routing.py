@@ -82,6 +82,11 @@ class Router:
         return self._ring.direct
 
     @property
+    def expands(self) -> bool:
+        """Does the upload kernel expand the token map on the device (:meth:`route_states`)?"""
+        return self._ring.expands
+
+    @property
     def uploads(self) -> str:
         """How the uploads reach the device (:attr:`.staging.HostRing.how`)."""
         return self._ring.how
@@ -210,7 +215,7 @@ class Router:
         if same and counts == self._counts:
             return False
         self._batch, self._counts, self._dirty = key, counts, False
-        if not self._ring.expands:
+        if not self.expands:
             if not same:
                 rows = self.states.rows[batch.states] if self._row_of else None
                 self._rows = rows if rows is not None and rows.tobytes() != bytes(rows.nbytes) else None

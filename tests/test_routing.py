@@ -456,7 +456,7 @@ def test_on_cuda_by_state_rows_the_upload_kernel_expands_the_map_without_a_torch
     request's row."""
     rig, runner = Rig(tmp_path, "cuda", states=4), RunnerStates(4)
     router, tables = rig.router, rig.tables
-    assert router._ring.expands
+    assert router.expands
     rig.control.write(0, "v", ANY_LAYER, np.ones(H, np.float32), gen=1)
 
     def on_device(*entries):
