@@ -7,10 +7,26 @@ import json
 import subprocess
 import sys
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 
 SCRIPT = Path(__file__).parents[1] / "benchmarks" / "kernel_time.py"
+sys.path.insert(0, str(SCRIPT.parent))
+
+from kernel_time import summed  # noqa: E402
+
+
+def test_a_cpu_ops_negative_self_time_counts_as_none():
+    """The CPU profile files a child from another thread under an op shorter than it: the op's self
+    time comes out negative, and summed as it was an idle step's kernel time fell below zero
+    (a CI run of the smoke test below failed so)."""
+    cpu, cuda = "cpu", "cuda"
+    events = [SimpleNamespace(device_type=cpu, name="aten::mm", self_cpu_time_total=30.0),
+              SimpleNamespace(device_type=cpu, name="aten::mm", self_cpu_time_total=-1900.0),
+              SimpleNamespace(device_type=cpu, name="aten::add", self_cpu_time_total=5.0),
+              SimpleNamespace(device_type=cuda, name="gemm", self_cpu_time_total=7.0)]
+    assert summed(events, cpu, cpu=True) == {"aten::mm": [30.0, 2], "aten::add": [5.0, 1]}
 
 
 @pytest.mark.vllm
