@@ -186,10 +186,8 @@ class Router:
             return False
         if not same:
             self._batch = list(req_ids)
-            rows = (np.fromiter(map(self._row_of.get, req_ids, repeat(0)), np.int32, len(req_ids))
-                    if self._row_of else None)
-            # None: no steered request in the batch (bytes compared, not a reduction: .staging)
-            self._rows = rows if rows is not None and rows.tobytes() != bytes(rows.nbytes) else None
+            self._keep_rows(np.fromiter(map(self._row_of.get, req_ids, repeat(0)), np.int32, len(req_ids))
+                            if self._row_of else None)
         self._counts, self._dirty = counts, False
         self._route_tokens(num_tokens)
         return not same
@@ -217,8 +215,7 @@ class Router:
         self._batch, self._counts, self._dirty = key, counts, False
         if not self.expands:
             if not same:
-                rows = self.states.rows[batch.states] if self._row_of else None
-                self._rows = rows if rows is not None and rows.tobytes() != bytes(rows.nbytes) else None
+                self._keep_rows(self.states.rows[batch.states] if self._row_of else None)
             self._route_tokens(batch.num_tokens)
             return not same
         buf = self._ring.next()
@@ -238,6 +235,11 @@ class Router:
         if spans or expansion is not None:
             self._ring.copy(spans, expansion)
         return not same
+
+    def _keep_rows(self, rows: np.ndarray | None) -> None:
+        """The batch's request rows as ``_rows``: None where no steered request is in it (bytes
+        compared, not a reduction: .staging)."""
+        self._rows = rows if rows is not None and rows.tobytes() != bytes(rows.nbytes) else None
 
     def _route_tokens(self, num_tokens: np.ndarray) -> None:
         """The token map of a changed step from ``_rows`` (None: no steered request in the
