@@ -69,16 +69,22 @@ class Term(NamedTuple):
         return self[3:]
 
 
-@dataclass(frozen=True)
-class Admitted:
+class Resolution(NamedTuple):
+    """A spec resolved against the slot bindings: what every request sending it is admitted with."""
+
+    terms: tuple[Term, ...]
+    slots: tuple[int, ...]  # distinct slots the request holds a reference on
+    gates: int  # how many gates the request has
+
+
+class Admitted(NamedTuple):
+    """A steered request as the engine core admitted it (a tuple: made on the step thread for
+    each steered arrival, at half a frozen dataclass's cost)."""
+
     row: int  # request row in the route table (1-based; 0 is the null row)
     terms: tuple[Term, ...]
     slots: tuple[int, ...]  # distinct slots the request holds a reference on
-
-    @property
-    def gates(self) -> int:
-        """How many gates the request has."""
-        return max((abs(t.gate) for t in self.terms), default=0)
+    gates: int  # how many gates the request has (0: none; its entries' largest gate index)
 
 
 @dataclass(frozen=True)
@@ -104,7 +110,7 @@ class Admission:
         self.active: dict[str, Admitted] = {}
         self._free = list(range(requests, 0, -1))  # request row 0 is the null row
         # (spec's form, prompt length where the spec reads it) -> (registry.binding_changes, resolved)
-        self._resolved: dict[tuple[str, int], tuple[int, tuple[tuple[Term, ...], tuple[int, ...]]]] = {}
+        self._resolved: dict[tuple[str, int], tuple[int, Resolution]] = {}
 
     def admit(self, req_id: str, extra_args: dict[str, Any] | None, prompt_len: int) -> Admitted | Refused | None:
         """Bind a new (or re-sent) request to a row; or why it runs unsteered (counted); None when
@@ -114,16 +120,15 @@ class Admission:
             resolved = self._resolve_request(extra_args, prompt_len)
             if resolved is None:
                 return None
-            terms, slots = resolved
             if not self._free:
                 raise SpecError("table_full", f"all {len(self.active)} request rows are in use")
         except SpecError as e:
             if self.counters is not None:
                 self.counters.unsteered(req_id, e.reason, e.detail)
             return Refused(e.reason, e.detail)
-        admitted = Admitted(self._free.pop(), terms, slots)
+        admitted = Admitted(self._free.pop(), *resolved)
         self.active[req_id] = admitted
-        self.registry.hold(slots)
+        self.registry.hold(resolved.slots)
         if self.counters is not None:
             self.counters.add("steered_requests")
         return admitted
@@ -139,8 +144,7 @@ class Admission:
         except SpecError:
             pass
 
-    def _resolve_request(self, extra_args: dict[str, Any] | None,
-                         prompt_len: int) -> tuple[tuple[Term, ...], tuple[int, ...]] | None:
+    def _resolve_request(self, extra_args: dict[str, Any] | None, prompt_len: int) -> Resolution | None:
         """A request's spec parsed and resolved (:meth:`_resolve_seen`); None when it asks for no
         steering, SpecError when it cannot be."""
         raw = spec_from_extra_args(extra_args)
@@ -160,7 +164,7 @@ class Admission:
                 gone.append(req_id)
         return gone
 
-    def _resolve_seen(self, spec: Spec, prompt_len: int) -> tuple[tuple[Term, ...], tuple[int, ...]]:
+    def _resolve_seen(self, spec: Spec, prompt_len: int) -> Resolution:
         """:meth:`_resolve`, kept per spec (and per prompt length for a spec whose tokens depend
         on it) until a slot binding changes: what a resolution reads besides the spec (the armed
         layers, the budget) is fixed, requests of one preset or client send the same spec, and a
@@ -176,7 +180,7 @@ class Admission:
         self._resolved[key] = (self.registry.binding_changes, resolved)
         return resolved
 
-    def _resolve(self, entries: tuple[SteerEntry, ...], prompt_len: int) -> tuple[tuple[Term, ...], tuple[int, ...]]:
+    def _resolve(self, entries: tuple[SteerEntry, ...], prompt_len: int) -> Resolution:
         terms: list[Term] = []
         changes: dict[int, list[Change]] = {}  # what each layer's entries can do to the stream
         gates: dict[Gate, int] = {}  # a request's distinct gates, 1-based
@@ -213,7 +217,7 @@ class Admission:
                 add(layer, slot, (*span, *coefficient_words(e, norm), g))
                 changes.setdefault(layer, []).append(change(e.mode, e.scale, norm, e.lo, e.hi))
         self.budget.check(changes)
-        return tuple(terms), tuple(sorted({t.slot for t in terms}))
+        return Resolution(tuple(terms), tuple(sorted({t.slot for t in terms})), len(gates))
 
     def _gate(self, gate: Gate, g: int, add, gates: dict[Gate, int], prompt_len: int) -> int:
         """Give ``gate`` index ``g`` (``-g`` for a prompt gate, in every entry it concerns) and put

@@ -100,8 +100,9 @@ class Router:
     # -- arrival / finish -------------------------------------------------------------------
     def admit(self, req_id: str, admitted: Admitted) -> None:
         """Stage the request row of a request the engine core admitted (written by :meth:`commit`)."""
-        self.finish((req_id,))
-        cut = self._gates_elsewhere(admitted.terms)
+        if req_id in self.active:
+            self.finish((req_id,))
+        cut = self._gates_elsewhere(admitted.terms) if admitted.gates else ()
         entries, layers = [], set()  # another stage's layer: that rank writes it
         k_words = self._k_words
         for t in admitted.terms:

@@ -191,14 +191,14 @@ def test_routing_a_changed_batch_of_256_never_lets_the_gil_go(tmp_path):
     ids = [f"r{i}" for i in range(256)]
     terms = (Term(9, 0, 1, 0, 2**31 - 1, 0, 1065353216, 0, 0, 0), Term(18, 0, 2, 0, 2**31 - 1, 0, 1065353216, 0, 0, 0))
     for i, rid in enumerate(ids[::2]):  # half steered, two entries on two layers each
-        router.admit(rid, Admitted(i + 1, terms, (1, 2)))
+        router.admit(rid, Admitted(i + 1, terms, (1, 2), 0))
     counts = [np.ones(256, np.int32), np.ones(256, np.int32)]
     counts[1][-3:] = 128  # prefills: the token map changes every step
     router.route(ids, counts[0])
 
     def step(k: int) -> None:
         j = k % 128
-        router.admit(ids[1 + 2 * j], Admitted(200 + j, terms, (1, 2)))
+        router.admit(ids[1 + 2 * j], Admitted(200 + j, terms, (1, 2), 0))
         router.route(ids[k % 2:] + ids[:k % 2], counts[k % 2])
 
     took = longest_call(step)
