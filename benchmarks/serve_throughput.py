@@ -204,9 +204,9 @@ import pair_ratio
 from hotwire.shared.mailbox import clock_ns
 from hotwire.tools.tiny_model import benchmark_model, steered_layers
 from serving import (RULE_CONFIGS, SERVER_CORES, Load, Server, add_common_args, check_steering, cpu_plan, engine_args,
-                     host_speed_us, median, median_ci, phase_readings, pool_entries, probe_steering, running, smi_index,
-                     snapshot, start_run, startup_vectors, steer_spec, verdict, visible_gpus, wait_ready, window_row,
-                     write_vectors)
+                     host_cpu, host_speed_us, median, median_ci, phase_readings, pool_entries, probe_steering, running,
+                     smi_index, snapshot, start_run, startup_vectors, steer_spec, verdict, visible_gpus, wait_ready,
+                     window_row, write_vectors)
 from gpu_busy import GpuBusy
 from mps import Mps
 from bench_site import step_phases
@@ -696,7 +696,7 @@ def main() -> None:
                for n in names]
 
     result = {"command": " ".join([Path(sys.executable).name] + sys.argv), "date": time.strftime("%Y-%m-%d %H:%M"),
-              "host": platform.node(), "host_python_us": host_speed_us(), "gpu": gpu or "cpu",
+              "host": platform.node(), "host_python_us": host_speed_us(), "host_cpu": host_cpu(), "gpu": gpu or "cpu",
               "torch": version("torch"), "shape": shape_name,
               "config": {k: shape[k] for k in ("hidden_size", "num_hidden_layers", "vocab_size")},
               "engine": engine, "servers": names, "concurrency": concurrency,
@@ -747,7 +747,9 @@ def main() -> None:
             _check_log(s, watches)
     result["phases_s"]["total"] = round(time.monotonic() - t0, 1)
     save()
-    print(f"\n{shape_name} on {result['gpu']} (host: {result['host_python_us']:g} µs of fixed Python), "
+    cpu = result["host_cpu"]
+    print(f"\n{shape_name} on {result['gpu']} (host: {cpu['model']}, {cpu['cpus']} CPUs, SMT {cpu['smt']}, "
+          f"{result['host_python_us']:g} µs of fixed Python), "
           f"vLLM {result['vllm']}, {result['design']}, "
           f"{args.steered_fraction:.0%} steered, prompt {prompt_len} + {lengths[0]}-{lengths[1]} tokens, windows "
           f"{args.window_s:g} s after {args.settle_s:g} s, phases {result['phases_s']}"

@@ -393,8 +393,29 @@ def host_speed_us() -> float:
     Why: the same GPU kind comes on hosts of different speeds, and the host decides the regime a
     served run finds: at 256 in flight four servers on one H100 were host-bound on a slower host
     and waited for the GPU on a faster one, and steering's cost differed with it (session 29).
-    Recorded before the servers start, so their load does not enter it."""
+    Recorded before the servers start, so their load does not enter it. It does not say how fast
+    vLLM runs there: session 40's host ran it as fast as session 38's and vLLM's steps 1.7 times
+    slower (compare runs by plugin-free's own step phases, and see :func:`host_cpu`)."""
     return round(per_call_us(lambda: sum(i * i for i in range(100_000)), repeat=7, inner=1), 1)
+
+
+def host_cpu(cpuinfo: str | None = None, smt: str | None = None) -> dict:
+    """The host's CPU as a served run records it: its model, how many logical CPUs the host has, and
+    whether they are hyperthreads of shared cores (``smt``: the kernel's
+    ``/sys/devices/system/cpu/smt/active``, None where it does not say). Hosts of one GPU kind differ
+    (:func:`host_speed_us`), and this is what can tell two of them apart afterwards."""
+    def read(path: str) -> str | None:
+        try:
+            return Path(path).read_text()
+        except OSError:
+            return None
+
+    cpuinfo = read("/proc/cpuinfo") if cpuinfo is None else cpuinfo
+    smt = read("/sys/devices/system/cpu/smt/active") if smt is None else smt
+    model = next((line.split(":", 1)[1].strip() for line in (cpuinfo or "").splitlines()
+                  if line.startswith("model name")), None)
+    return {"model": model, "cpus": os.cpu_count(),
+            "smt": None if smt is None or smt.strip() not in ("0", "1") else smt.strip() == "1"}
 
 
 def visible_gpus() -> list[str]:

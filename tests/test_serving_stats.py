@@ -393,3 +393,14 @@ def test_gpu_samples_say_power_and_why_the_clock_was_held():
     assert row["hotwire_power_w_range"] == [675.0, 675.0]
     assert row["plugin_free_clock_held"] == {"hw thermal": 0.33, "sw power cap": 0.67}
     assert "675-675 W, hw thermal up to 33%, sw power cap up to 67%)" in serve_throughput._markdown([row], names, True)
+
+
+def test_host_cpu_names_the_model_and_whether_cores_are_shared():
+    """A served run records its host's CPU (``serving.host_cpu``): two hosts of one GPU kind ran
+    vLLM 1.7 times apart at one Python speed (session 40)."""
+    info = "processor\t: 0\nvendor_id\t: GenuineIntel\nmodel name\t: Intel(R) Xeon(R) Platinum 8480+\nflags\t: fpu\n"
+    cpu = serving.host_cpu(info, "1\n")
+    assert cpu["model"] == "Intel(R) Xeon(R) Platinum 8480+"
+    assert cpu["smt"] is True and cpu["cpus"] == os.cpu_count()
+    assert serving.host_cpu(info, "0\n")["smt"] is False
+    assert serving.host_cpu("vendor_id\t: x\n", "notsupported\n") == {"model": None, "cpus": cpu["cpus"], "smt": None}
