@@ -53,14 +53,16 @@
 #                                           # two engines of one kind differ, in one call);
 #                                           # each compared with its round's latest plugin-free
 #                                           # engine; files fc-KIND-ROUND-N.json, N its place in the round
-#   bash benchmarks/h200.sh steered OUTDIR [SHAPE [C]]  # what steering half the requests costs served
+#   bash benchmarks/h200.sh steered OUTDIR [SHAPE [C [KIND]]]  # what steering half the requests costs served
 #                                           # (default 0.6B, 256 in flight), two servers only (plugin-free,
 #                                           # hotwire; at qwen3-8b also hotwire with HOTWIRE_GRAPH_SWITCH=1,
 #                                           # the op's kernels switched to the steered layers): under MPS,
 #                                           # then taking turns on the GPU by time slices (~8.5 min;
 #                                           # session 38, 0.6B at 256: 0.966 under MPS, 0.953 by time
 #                                           # slices, both resolved; session 33's 8B at 64, 0.956, shared
-#                                           # by time slices: its MPS never reached the daemon)
+#                                           # by time slices: its MPS never reached the daemon); KIND: a
+#                                           # hotwire kind in hotwire's place (e.g. hotwire_2: armed on the
+#                                           # steered layers only)
 #   bash benchmarks/h200.sh alone  OUTDIR [SHAPE [C [FIRST]]]  # served tokens/s, one GPU, each server
 #                                           # alone on it in turn (sequential A B B A: plugin-free and
 #                                           # hotwire, half the requests steered; default 8B, 64 in flight;
@@ -181,15 +183,17 @@ serve() {  # serve [CONCURRENCY...]: host work, the profile (~3 min), served tok
   wait
 }
 
-steered() {  # steered [SHAPE [C]]: plugin-free and hotwire (half the requests steered) alone on the GPU, under MPS
-             # and then sharing it by time slices; at 8B also hotwire with the op's kernels in its graphs
-             # switched to the steered layers (HOTWIRE_GRAPH_SWITCH=1)
-  local mps shape=${1:-qwen3-0.6b} c=${2:-256} servers=(plugin_free hotwire)
-  [ "$shape" = qwen3-8b ] && servers=(plugin_free hotwire hotwire_switched)
+steered() {  # steered [SHAPE [C [KIND]]]: plugin-free and hotwire (half the requests steered) alone on the GPU, under
+             # MPS and then sharing it by time slices; at 8B also hotwire with the op's kernels in its graphs
+             # switched to the steered layers (HOTWIRE_GRAPH_SWITCH=1). KIND: another hotwire server in
+             # hotwire's place (server_kinds.py), e.g. hotwire_2, armed on the steered layers only
+  local mps shape=${1:-qwen3-0.6b} c=${2:-256} kind=${3:-hotwire}
+  local servers=(plugin_free "$kind") name="steered${3:+-$3}"
+  [ "$shape" = qwen3-8b ] && [ "$kind" = hotwire ] && servers=(plugin_free hotwire hotwire_switched)
   for mps in --mps ""; do
-    job "steered${mps:+-mps}-$shape-c$c" python3 benchmarks/serve_throughput.py --simultaneous $mps --shape "$shape" \
+    job "$name${mps:+-mps}-$shape-c$c" python3 benchmarks/serve_throughput.py --simultaneous $mps --shape "$shape" \
       --concurrency "$c" --budget-s 240 --servers "${servers[@]}" --rotate-cores "${#servers[@]}" --step-phases \
-      --out "$out/steered${mps:+-mps}-$shape-c$c.json"
+      --out "$out/$name${mps:+-mps}-$shape-c$c.json"
     wait
   done
 }
