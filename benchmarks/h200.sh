@@ -188,7 +188,8 @@ steered() {  # steered [SHAPE [C [KIND]]]: plugin-free and hotwire (half the req
              # switched to the steered layers (HOTWIRE_GRAPH_SWITCH=1). KIND: another hotwire server in
              # hotwire's place (server_kinds.py), e.g. hotwire_2, armed on the steered layers only
   local mps shape=${1:-qwen3-0.6b} c=${2:-256} kind=${3:-hotwire}
-  local servers=(plugin_free "$kind") name="steered${3:+-$3}"
+  local servers=(plugin_free "$kind") name=steered
+  [ "$kind" = hotwire ] || name+="-$kind"
   [ "$shape" = qwen3-8b ] && [ "$kind" = hotwire ] && servers=(plugin_free hotwire hotwire_switched)
   for mps in --mps ""; do
     job "$name${mps:+-mps}-$shape-c$c" python3 benchmarks/serve_throughput.py --simultaneous $mps --shape "$shape" \
