@@ -151,3 +151,39 @@ def test_a_spec_seen_before_resolves_against_the_bindings_of_now():
     prompt = _spec({"id": "v", "layer": 1, "positions": "prompt"})
     windows = [admission.admit(f"p{n}", prompt, n).terms[0][3:5] for n in (5, 9, 5)]
     assert windows == [(0, 5), (0, 9), (0, 5)]
+
+
+def test_references_count_each_hold_and_release_when_read():
+    """Holds and releases are recorded on the step thread and counted where the references are
+    read (engine_plugin/registry.py): a read sees every one of them, stamped when it was made."""
+    registry = Registry(8)
+    registry.hold((1, 2))
+    before = registry.refs_changed
+    held_at = registry._moves[-1][2]
+    registry.hold((2,))
+    registry.release((1, 2))
+    inflight, last_used = registry.refs_to_publish()
+    assert before and not registry.refs_changed
+    assert inflight.tolist() == [0, 0, 1, 0, 0, 0, 0, 0]
+    assert 0 < held_at <= int(last_used[1]) == int(last_used[2]) and last_used[0] == 0
+
+
+def test_references_nobody_reads_are_counted_before_they_pile_up():
+    """An engine core with no mailbox thread never reads its references: the step thread counts
+    them itself once MOVES_KEPT are waiting, so they never grow without bound."""
+    from hotwire.engine_plugin.registry import MOVES_KEPT
+
+    registry = Registry(4)
+    for _ in range(3 * MOVES_KEPT):
+        registry.hold((3,))
+    assert len(registry._moves) < MOVES_KEPT
+    assert registry.inflight[3] == 3 * MOVES_KEPT
+
+
+def test_a_slot_bound_anew_starts_unused_after_earlier_holds():
+    registry = Registry(4)
+    registry.bind(0, "old", ANY_LAYER, gen=1, absmax=1.0, norm=1.0)
+    registry.hold((0,))
+    registry.release((0,))
+    registry.bind(0, "new", ANY_LAYER, gen=2, absmax=1.0, norm=1.0)  # retired and reused
+    assert registry.inflight[0] == 0 and registry.last_used_ns[0] == 0
