@@ -36,16 +36,21 @@ RESOLVED_KEPT = 256
 def prompt_length(request: Any) -> int:
     """The prompt's length as admission counts it, from a scheduler output's new request or a
     mapping of ``Request`` arguments (the prefix-cache salt, :mod:`.salts`)."""
-    get = request.get if isinstance(request, dict) else lambda name: getattr(request, name, None)
-    ids, embeds = get("prompt_token_ids"), get("prompt_embeds")
+    if isinstance(request, dict):
+        ids, embeds = request.get("prompt_token_ids"), request.get("prompt_embeds")
+    else:
+        ids, embeds = getattr(request, "prompt_token_ids", None), getattr(request, "prompt_embeds", None)
     return len(ids) if ids is not None else (len(embeds) if embeds is not None else 0)
 
 
 def request_args(req: Any) -> tuple[str, dict[str, Any] | None, int]:
     """``(req_id, extra_args, prompt_len)`` of a scheduler output's new request: what admission
-    reads, the same on the engine core and on every rank."""
+    reads, the same on the engine core and on every rank. ``prompt_len`` is 0 for a request that
+    sends no spec: admission reads it only for a spec, so an unsteered arrival's prompt is not
+    measured."""
     sp = req.sampling_params
-    return req.req_id, sp.extra_args if sp is not None else None, prompt_length(req)
+    extra = sp.extra_args if sp is not None else None
+    return req.req_id, extra, prompt_length(req) if spec_from_extra_args(extra) is not None else 0
 
 
 class Term(NamedTuple):
