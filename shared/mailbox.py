@@ -539,7 +539,9 @@ class EngineMailbox(_Mailbox):
         self._engine = np.zeros(self.n_slots, dtype=ENGINE)
         self._ids = [""] * self.n_slots  # the vector id of each slot as acked
         self._epoch = self.epoch  # this engine made the file: its epoch never changes
-        self._counters = np.zeros(HEADER["counters"].shape, dtype="<u8")
+        # a list, not the header's uint64 array: added to on the step thread (numpy's scalar path is
+        # slow there, its caches cold), converted when the heartbeat writes them out
+        self._counters = [0] * HEADER["counters"].shape[0]
         self._torn: dict[int, tuple[int, float]] = {}  # slot -> (odd seq, first seen)
         self._retiring: set[int] = set()  # slots acked RETIRING: :attr:`retiring`, asked every period
 
