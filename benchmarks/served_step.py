@@ -6,8 +6,8 @@ because a served step finds hotwire's code and data evicted by ~20 ms of vLLM's 
 replays the load ``serve_throughput.py`` sends (C requests in flight, half of them steered with a
 spec of their own: two adds on layers n/3 and 2n/3; ``max_tokens`` uniform in 64-192; a finished
 request replaced at once, its 128-token prompt in one step) through the real hooks: the engine
-core's ``CoreSync.on_schedule``, the rank's ``Steerer.on_schedule`` and ``Steerer.on_batch``
-(routing, and its upload on CUDA), or with ``--runner v2`` ``Steerer.on_states`` (the V2 runner's
+core's ``CoreSync.on_schedule`` (its counters mirrored into a mailbox file, as served), the rank's
+``Steerer.on_schedule`` and ``Steerer.on_batch`` (routing, and its upload on CUDA), or with ``--runner v2`` ``Steerer.on_states`` (the V2 runner's
 batch by request state rows, taken and freed as vLLM 0.25.1 does, decodes first; on CUDA the
 token map expanded by the upload kernel), and reports each one's median µs over steady steps (no request
 came or went) and changed ones, with the caches evicted before each step (``cold``: a 32 MiB
@@ -26,6 +26,7 @@ import json
 import platform
 import random
 import statistics
+import tempfile
 import time
 from pathlib import Path
 from types import SimpleNamespace
@@ -44,7 +45,7 @@ from hotwire.engine_plugin.routing import Router
 from hotwire.engine_plugin.state_rows import StateBatch
 from hotwire.engine_plugin.steering import ArmedModel, SteeringTables
 from hotwire.engine_plugin.stream_bound import StreamBudget
-from hotwire.shared.mailbox import ANY_LAYER
+from hotwire.shared.mailbox import ANY_LAYER, EngineMailbox, Fingerprint
 
 LAYERS, HIDDEN, PROMPT = 28, 1024, 128  # Qwen3 0.6B shape
 HOOKS = ("core", "rank_schedule", "rank_batch")
@@ -86,6 +87,9 @@ def run(concurrency: int, steps: int, cold: bool, ahead: bool, device: torch.dev
     for s in range(c):
         registry.bind(s, f"v{s}", ANY_LAYER, gen=1, absmax=1.0, norm=1.0)
     counters = Counters()
+    mailbox_dir = tempfile.TemporaryDirectory()  # as served: the engine counters mirrored into a mailbox
+    counters.mailbox = EngineMailbox.create(f"{mailbox_dir.name}/engine.mbx",
+                                            Fingerprint("served-step", LAYERS, HIDDEN, "bfloat16"), 1024)
     admission = Admission(registry, armed=range(LAYERS), entries=4, requests=2 * c,
                           budget=StreamBudget.of(torch.bfloat16), counters=counters)
     core = CoreSync(None, PendingDelta(HIDDEN, torch.bfloat16), registry, admission, counters)
@@ -139,6 +143,7 @@ def run(concurrency: int, steps: int, cold: bool, ahead: bool, device: torch.dev
         batch += [arrive() for _ in finished]
     if device.type == "cuda":
         torch.cuda.synchronize()
+    mailbox_dir.cleanup()
     return {kind: {"steps": len(t), **{h: round(statistics.median(x[i] for x in t), 1) for i, h in enumerate(HOOKS)},
                    "all": round(statistics.median(sum(x) for x in t), 1)}
             for kind, t in times.items() if t}
