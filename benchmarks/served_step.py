@@ -7,9 +7,9 @@ replays the load ``serve_throughput.py`` sends (C requests in flight, half of th
 spec of their own: two adds on layers n/3 and 2n/3; ``max_tokens`` uniform in 64-192; a finished
 request replaced at once, its 128-token prompt in one step) through the real hooks: the engine
 core's ``CoreSync.on_schedule`` (its counters mirrored into a mailbox file, as served), the rank's
-``Steerer.on_schedule`` and ``Steerer.on_batch`` (routing, and its upload on CUDA), or with ``--runner v2`` ``Steerer.on_states`` (the V2 runner's
-batch by request state rows, taken and freed as vLLM 0.25.1 does, decodes first; on CUDA the
-token map expanded by the upload kernel), and reports each one's median µs over steady steps (no request
+``Steerer.on_schedule`` and ``Steerer.on_batch`` (routing, and its upload on CUDA), or with
+``--runner v2`` ``Steerer.on_states`` (the V2 runner's batch by request state rows, taken and freed
+as vLLM 0.25.1 does, decodes first; on CUDA the token map expanded by the upload kernel), and reports each one's median µs over steady steps (no request
 came or went) and changed ones, with the caches evicted before each step (``cold``: a 32 MiB
 array written) or not (``warm``), and with each spec resolved as its request arrived
 (``ahead``, :mod:`hotwire.engine_plugin.arrival`, done before the step as vLLM's input thread does

@@ -17,8 +17,9 @@ import numpy as np
 from hotwire.shared.mailbox import ANY_LAYER
 
 
-MOVES_KEPT = 1024  # holds and releases recorded before the step thread counts them itself (where no mailbox
-# thread reads the references, nothing else would)
+# holds and releases recorded before the step thread counts them itself: where no mailbox thread
+# reads the references, nothing else would
+MOVES_KEPT = 1024
 
 
 class Registry:
