@@ -3,6 +3,7 @@ slots, and every refusal counted once, by reason (tests/engine_rig.py: one core,
 
 import gc
 import json
+import time
 
 import numpy as np
 import pytest
@@ -157,15 +158,17 @@ def test_references_count_each_hold_and_release_when_read():
     """Holds and releases are recorded on the step thread and counted where the references are
     read (engine_plugin/registry.py): a read sees every one of them, stamped when it was made."""
     registry = Registry(8)
+    start = time.time_ns()
     registry.hold((1, 2))
     before = registry.refs_changed
-    held_at = registry._moves[-1][2]
     registry.hold((2,))
     registry.release((1, 2))
+    made = time.time_ns()
+    time.sleep(0.01)  # a count stamped when it was made, not when it was read, stays at or before `made`
     inflight, last_used = registry.refs_to_publish()
     assert before and not registry.refs_changed
     assert inflight.tolist() == [0, 0, 1, 0, 0, 0, 0, 0]
-    assert 0 < held_at <= int(last_used[1]) == int(last_used[2]) and last_used[0] == 0
+    assert start <= int(last_used[1]) == int(last_used[2]) <= made and last_used[0] == 0
 
 
 def test_references_nobody_reads_are_counted_before_they_pile_up():
