@@ -38,7 +38,7 @@ def runs(tmp_path_factory, tiny_model, vectors_dir, rounds):
         tmp = tmp_path_factory.mktemp("compiled-steered" if plugin else "compiled-free")
         env = engine_env(tmp, HOTWIRE_VECTORS=str(vectors_dir), HOTWIRE_LAYERS="1,2", HOTWIRE_PROJECTION_LAYERS="1,2")
         out[plugin] = run_engine(tmp, {"model": str(tiny_model), "engine": engine, "plugin": plugin,
-                                       "rounds": rounds, "graph_counts": True}, env)
+                                       "rounds": rounds, "graph_counts": True, "op_calls": True}, env)
     return out
 
 
@@ -62,3 +62,13 @@ def test_compiled_unsteered_bit_exact_and_steering_fires(runs):
 def test_only_chosen_layers_are_armed(runs):
     assert "armed 2/4 decoder layers" in runs[True]["log"]
     assert runs[True]["counters"]["unsteered_unarmed_layer"] == 1
+
+
+def test_every_call_of_the_op_in_the_compiled_forward_goes_past_the_dispatcher(runs):
+    """A forward run without a CUDA graph (every CPU step) calls the op from Python on each armed
+    layer; the dispatcher would let the GIL go on each call, so each must go straight to the op's
+    kernel (``steer_op._call_past_the_dispatcher``): vLLM runs its forward in inference mode, with no
+    dispatch or function mode and no profiler on."""
+    calls = runs[True]["op_calls"]
+    assert calls["calls"] > 0
+    assert calls["direct"] == calls["calls"], calls

@@ -101,7 +101,8 @@ ROUNDS = _rounds()
 @pytest.fixture(scope="module", params=list(RUNNERS))
 def runs(request, tmp_path_factory, model, vectors_dir):
     flag = RUNNERS[request.param]
-    job = {"model": str(model), "engine": ENGINE, "rounds": list(ROUNDS.values()), "graph_counts": True}
+    job = {"model": str(model), "engine": ENGINE, "rounds": list(ROUNDS.values()), "graph_counts": True,
+           "op_calls": True}
 
     def run(plugin: bool):
         tmp = tmp_path_factory.mktemp(f"{request.param}-{'steered' if plugin else 'plugin-free'}")
@@ -181,6 +182,14 @@ def test_no_recompile_no_recapture(runs):
     assert [{**c, "idle_captures": 0} for c in steered] == free
     assert all(c["idle_captures"] == c["captures"] for c in steered)
     assert {c["captures"] for c in steered} == {steered[0]["captures"]}
+
+
+def test_the_ops_calls_from_python_go_past_the_dispatcher(runs):
+    """Steps run without a CUDA graph call the op from Python on every armed layer; on the GPU each
+    call must reach the op's kernel past torch's dispatcher, which would let the GIL go (and in a
+    served engine wait for vLLM's output thread to give it back)."""
+    calls = runs[True][1]["op_calls"]
+    assert calls["direct"] == calls["calls"], calls
 
 
 def test_the_ops_kernels_are_switched_in_every_graph_holding_them(runs):

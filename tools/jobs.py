@@ -12,7 +12,7 @@ Job::
      "rounds": [[{"prompt": "..." | "prompt_token_ids": [...], "max_tokens": 8,
                   "spec": <hotwire spec or null>, "logprobs": 0, "cache_salt": "...",
                   "after": [round, index]}, ...], ...],
-     "graph_counts": false, "progress": false,
+     "graph_counts": false, "op_calls": false, "progress": false,
      "timing": {"batch": 8, "steps": 64, "rounds": 3, "warmup": true, "vocab": 1000,
                 "spec": <spec for every request>}}
 
@@ -24,7 +24,13 @@ its prompt is that earlier request's prompt and answer, then its own ``prompt_to
      "counters": {...},
      "graph_counts": [{"compiles": n, "captures": n, "idle_captures": n} after warm-up, after each round,
                       after timing],
-     "timing": {"idle_ms": [...], "steered_ms": [...]}}
+     "timing": {"idle_ms": [...], "steered_ms": [...]},
+     "op_calls": {"calls": n, "direct": n}}
+
+``op_calls`` counts the op's calls from Python during the rounds (steps run without a CUDA graph
+call it once per armed layer) and how many of them went past torch's dispatcher straight to the
+op's kernel (``steer_op._call_past_the_dispatcher``: the dispatcher lets the GIL go, so in a served
+engine every call should go past it); null without the plugin.
 
 ``armed`` lists the decoder layers the plugin armed, as its mailbox publishes them (empty when
 the plugin is absent, armed nothing, or runs without a mailbox).
@@ -102,6 +108,7 @@ def main(job_path: str, out_path: str) -> None:
         return llm.generate([prompt(r) for r in batch], [params(r) for r in batch], use_tqdm=False)
 
     graphs = [snapshot()] if snapshot else []
+    op_calls = _count_op_calls() if job.get("op_calls") and job.get("plugin", True) else None
     rounds = []
     if job.get("rounds"):
         n = len(job["rounds"])
@@ -132,7 +139,34 @@ def main(job_path: str, out_path: str) -> None:
         view = MailboxView.open(box)
         counters, armed = view.counters(), view.armed_layers()
     json.dump({"rounds": rounds, "hotwire": _hotwire_active(), "armed": armed, "counters": counters,
-               "graph_counts": graphs, "timing": timing}, open(out_path, "w"))
+               "graph_counts": graphs, "timing": timing, "op_calls": op_calls}, open(out_path, "w"))
+
+
+def _count_op_calls() -> dict[str, int]:
+    """Count the op's calls from here on, and those that reach its kernel past the dispatcher: the
+    plain-call path looks the kernels up by their module names on every call, the dispatcher calls
+    the functions it was given at registration, so only direct calls meet the counting wrappers."""
+    import torch
+
+    from hotwire.engine_plugin import steer_op
+
+    counts = {"calls": 0, "direct": 0}
+    op = torch.ops.hotwire.steer_.default
+    call = op._op
+
+    def counted(*args, **kwargs):
+        counts["calls"] += 1
+        return call(*args, **kwargs)
+
+    def direct(kernel):
+        def run(*args, **kwargs):
+            counts["direct"] += 1
+            return kernel(*args, **kwargs)
+        return run
+
+    op._op = counted
+    steer_op._steer_torch, steer_op._steer_cuda = direct(steer_op._steer_torch), direct(steer_op._steer_cuda)
+    return counts
 
 
 def _phases(job: dict):
