@@ -79,3 +79,42 @@ def test_hotwires_hooks_and_op_are_timed_where_the_process_has_them(monkeypatch)
     steer_triton.launch(empty, None, torch.zeros(0), empty, torch.zeros(1, 1, 8, dtype=torch.int32),
                         torch.zeros(0, dtype=torch.int32))  # no token: returns before any launch
     assert step_phases._calls["hotwire:op_launch"] == calls + 1
+
+
+def test_per_step_gives_faults_for_the_phases_that_count_them():
+    a = {**_reading(0.0, 10, {"forward:NONE": 0, "schedule": 0}, {"forward:NONE": 0, "schedule": 0}, {}),
+         "faults": {"forward:NONE": 5}}
+    b = {**_reading(1.0, 20, {"forward:NONE": 10, "schedule": 10}, {"forward:NONE": 10, "schedule": 10}, {}),
+         "faults": {"forward:NONE": 45}}
+    phases = step_phases.per_step(a, b)["phases"]
+    assert phases["forward:NONE"]["faults"] == 4.0
+    assert "faults" not in phases["schedule"]
+
+
+def test_a_call_across_the_frame_stacks_chunk_end_shows_as_a_fault_per_call():
+    """What the fault counts are for: a call made at the end of CPython's 16 KiB frame chunk maps a
+    fresh chunk and unmaps it on return, every time (session 28). Under ever deeper padding frames,
+    the same 100 nested calls fault about once each at a chunk's end and hardly ever elsewhere."""
+    import resource
+    import statistics
+
+    import pytest
+
+    if getattr(resource, "RUSAGE_THREAD", None) is None or sys.version_info < (3, 11):
+        pytest.skip("needs per-thread fault counts (Linux) and CPython's chunked frame stack (3.11+)")
+
+    def nested(x: int) -> int:
+        return (lambda y: (lambda z: z)(y))(x)
+
+    def measured(depth: int) -> int:
+        name = f"test_chunk_{depth}"
+        with step_phases._clock(name, faults=True):
+            for _ in range(100):
+                nested(1)
+        return step_phases._faults[name]
+
+    space: dict = {}
+    exec("def pad(n, f, d):\n    v0 = v1 = v2 = v3 = v4 = 0\n    return pad(n - 1, f, d) if n else f(d)\n", space)
+    counts = [space["pad"](n, measured, n) for n in range(300)]
+    assert max(counts) >= 100, counts  # at a chunk's end: each call maps a chunk
+    assert statistics.median(counts) <= 2, counts  # elsewhere: none, or a stray one

@@ -36,6 +36,12 @@ Phases (each: wall and this thread's CPU ns, and calls; a phase inside another c
                            left untimed: timing each would add its clock reads to every such step)
 =========================  ==========================================================================
 
+The forwards (``forward:<MODE>``), the runner's whole call and the loop's step also count the step
+thread's minor page faults (``faults``, per step): CPython (3.11+) keeps Python frames in 16 KiB
+chunks, and a call that crosses a chunk's end maps a fresh chunk and unmaps it on return, every time
+(session 28), which shows as faults where the same forward of another server has none. Only vLLM's
+phases count them, the same in every server (each count is one more system call).
+
 hotwire's own counters time its hooks in wall time only; here a hook's wall time beside its CPU
 time says how much of it the step thread spent waiting (for the GIL, most likely) rather than working.
 The rank's phases and the op's launches are timed where the runner shares the engine core's
@@ -58,6 +64,7 @@ import importlib.abc
 import importlib.util
 import json
 import os
+import resource
 import sys
 import time
 from collections import defaultdict
@@ -71,6 +78,8 @@ V2_RUNNER = "vllm.v1.worker.gpu.model_runner"
 _wall: defaultdict[str, int] = defaultdict(int)
 _cpu: defaultdict[str, int] = defaultdict(int)
 _calls: defaultdict[str, int] = defaultdict(int)
+_faults: defaultdict[str, int] = defaultdict(int)
+_RUSAGE_THREAD = getattr(resource, "RUSAGE_THREAD", None)  # Linux
 _mode: str | None = None  # the CUDA-graph mode of the step the runner is executing
 _gc_start: list[int] = [0, 0]
 _events: list[tuple[str, Any, Any]] = []  # (mode, start, end) CUDA events not yet read
@@ -83,11 +92,18 @@ def _add(name: str, wall: int, cpu: int) -> None:
     _calls[name] += 1
 
 
+def _minor_faults() -> int:
+    """This thread's minor page faults so far (0 where the OS does not count them per thread)."""
+    return 0 if _RUSAGE_THREAD is None else resource.getrusage(_RUSAGE_THREAD).ru_minflt
+
+
 @contextlib.contextmanager
-def _clock(*names: str):
+def _clock(*names: str, faults: bool = False):
     """Time the body (wall and this thread's CPU) under each of ``names``, and under any name the
-    body appends to the list it is given (one known only once the body has run)."""
+    body appends to the list it is given (one known only once the body has run); with ``faults``,
+    count this thread's minor page faults in it too."""
     names = list(names)
+    f = _minor_faults() if faults else 0
     w, c = time.perf_counter_ns(), time.thread_time_ns()
     try:
         yield names
@@ -95,12 +111,16 @@ def _clock(*names: str):
         wall, cpu = time.perf_counter_ns() - w, time.thread_time_ns() - c
         for name in names:
             _add(name, wall, cpu)
+        if faults:
+            f = _minor_faults() - f
+            for name in names:
+                _faults[name] += f
 
 
-def _timed(name: str, fn):
+def _timed(name: str, fn, faults: bool = False):
     @functools.wraps(fn)
     def timed(*args, **kwargs):
-        with _clock(name):
+        with _clock(name, faults=faults):
             return fn(*args, **kwargs)
     return timed
 
@@ -117,7 +137,7 @@ def _execute(fn):
     def execute(scheduler_output, *args, **kwargs):
         global _mode
         _mode = None
-        with _clock("execute_model") as names:
+        with _clock("execute_model", faults=True) as names:
             try:
                 return _waited(fn(scheduler_output, *args, **kwargs))
             finally:
@@ -158,7 +178,7 @@ def _forward(mode: str | None):
         start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
         start.record()
     try:
-        with _clock(f"forward:{mode}"):
+        with _clock(f"forward:{mode}", faults=True):
             yield
     finally:
         if end is not None:
@@ -205,7 +225,7 @@ def _collected(phase: str, info: dict) -> None:
 def snapshot() -> dict:
     """This process's totals so far: a reading :func:`per_step` takes."""
     return {"pid": os.getpid(), "t": time.monotonic(), "calls": dict(_calls), "wall_ns": dict(_wall),
-            "cpu_ns": dict(_cpu)}
+            "cpu_ns": dict(_cpu), "faults": dict(_faults)}
 
 
 def dump(path: Path) -> None:
@@ -280,7 +300,7 @@ def _patch_core(module: Any) -> None:
     if proc is None:
         return
     proc._process_input_queue = _timed("input_queue", proc._process_input_queue)
-    step = _timed("engine_step", proc._process_engine_step)
+    step = _timed("engine_step", proc._process_engine_step, faults=True)
 
     def engine_step(self):
         global _last_dump
@@ -354,16 +374,18 @@ def read(folder: Path, pid: int) -> dict | None:
 
 def per_step(a: dict, b: dict) -> dict:
     """Between two readings of one engine core: its steps, tokens per step, and each phase's wall
-    and CPU µs per step and calls per step (``share``: of the wall time between the readings)."""
+    and CPU µs per step and calls per step (``share``: of the wall time between the readings), and
+    for the phases that count them the step thread's minor page faults per step (``faults``)."""
     steps = b["calls"].get("steps", 0) - a["calls"].get("steps", 0)
     seconds = b["t"] - a["t"]
     n = max(steps, 1)
 
     def d(kind: str, name: str) -> float:
-        return b[kind].get(name, 0) - a[kind].get(name, 0)
+        return b.get(kind, {}).get(name, 0) - a.get(kind, {}).get(name, 0)
 
     phases = {name: {"wall_us": round(d("wall_ns", name) / n / 1e3, 1), "cpu_us": round(d("cpu_ns", name) / n / 1e3, 1),
-                     "calls": round(d("calls", name) / n, 3), "share": round(d("wall_ns", name) / 1e9 / max(seconds, 1e-9), 4)}
+                     "calls": round(d("calls", name) / n, 3), "share": round(d("wall_ns", name) / 1e9 / max(seconds, 1e-9), 4),
+                     **({"faults": round(d("faults", name) / n, 2)} if name in b.get("faults", {}) else {})}
               for name in sorted(b["wall_ns"])}
     counts = {name: round(d("calls", name) / n, 1) for name in sorted(b["calls"]) if name.startswith("tokens")}
     return {"steps": steps, "seconds": round(seconds, 2), "step_ms": round(1e3 * seconds / n, 3),
@@ -384,4 +406,11 @@ def report(first: dict[str, dict | None], last: dict[str, dict | None]) -> dict[
         cells = [out[n]["phases"].get(phase) for n in names]
         print(f"  {phase:26s} " + "  ".join(f"{c['wall_us']:9.1f} [{c['cpu_us']:8.1f}]" if c else f"{'-':>20s}"
                                             for c in cells), flush=True)
+    counted = sorted({p for n in names for p, c in out[n]["phases"].items() if "faults" in c})
+    if counted:
+        print("the step thread's minor page faults per step: " + " | ".join(names), flush=True)
+        for phase in counted:
+            cells = [out[n]["phases"].get(phase, {}).get("faults") for n in names]
+            print(f"  {phase:26s} " + "  ".join(f"{c:9.2f}" if c is not None else f"{'-':>9s}" for c in cells),
+                  flush=True)
     return out
