@@ -189,6 +189,7 @@ def test_the_ops_calls_from_python_go_past_the_dispatcher(runs):
     call must reach the op's kernel past torch's dispatcher, which would let the GIL go (and in a
     served engine wait for vLLM's output thread to give it back)."""
     calls = runs[True][1]["op_calls"]
+    assert calls["calls"] > 0  # the long prompts' prefill steps pass the largest capture size: no graph
     assert calls["direct"] == calls["calls"], calls
 
 
