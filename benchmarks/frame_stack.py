@@ -43,11 +43,12 @@ def three_calls_ns(repeat: int = 20, inner: int = 200) -> float:
     return statistics.median(times)
 
 
-def padded(locals_per_frame: int):
-    """``pad(n)``: :func:`three_calls_ns` timed under ``n`` frames of ``locals_per_frame`` locals."""
+def padded(locals_per_frame: int, bottom=three_calls_ns):
+    """``pad(n)``: ``bottom()`` (by default :func:`three_calls_ns`) called under ``n`` frames of
+    ``locals_per_frame`` locals, its result returned."""
     body = "".join(f"    v{i} = 0\n" for i in range(locals_per_frame))
-    source = f"def pad(n):\n{body}    return pad(n - 1) if n else three_calls_ns()\n"
-    space = {"three_calls_ns": three_calls_ns}
+    source = f"def pad(n):\n{body}    return pad(n - 1) if n else bottom()\n"
+    space = {"bottom": bottom}
     exec(source, space)
     return space["pad"]
 

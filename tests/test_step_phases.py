@@ -103,18 +103,20 @@ def test_a_call_across_the_frame_stacks_chunk_end_shows_as_a_fault_per_call():
     if getattr(resource, "RUSAGE_THREAD", None) is None or sys.version_info < (3, 11):
         pytest.skip("needs per-thread fault counts (Linux) and CPython's chunked frame stack (3.11+)")
 
-    def nested(x: int) -> int:
-        return (lambda y: (lambda z: z)(y))(x)
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
+    import frame_stack  # the same padding frames and three nested calls as its timing
 
-    def measured(depth: int) -> int:
-        name = f"test_chunk_{depth}"
+    counts: list[int] = []
+
+    def measured() -> None:
+        name = f"test_chunk_{len(counts)}"
         with step_phases._clock(name, faults=True):
             for _ in range(100):
-                nested(1)
-        return step_phases._faults[name]
+                frame_stack._a(1)
+        counts.append(step_phases._faults[name])
 
-    space: dict = {}
-    exec("def pad(n, f, d):\n    v0 = v1 = v2 = v3 = v4 = 0\n    return pad(n - 1, f, d) if n else f(d)\n", space)
-    counts = [space["pad"](n, measured, n) for n in range(300)]
+    pad = frame_stack.padded(5, measured)
+    for n in range(300):
+        pad(n)
     assert max(counts) >= 100, counts  # at a chunk's end: each call maps a chunk
     assert statistics.median(counts) <= 2, counts  # elsewhere: none, or a stray one
